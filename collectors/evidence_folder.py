@@ -1,0 +1,274 @@
+"""The evidence-folder reader (CONTRACT §1): a folder of logs -> documents and matched lines.
+
+Layout: `slurm/` (scheduler facts), `logs/` (job-level output), one folder per node (the folder
+name is the node name); `expected.json` and names starting with `_` or `.` are ignored. Files are
+classified by their content, not their name: a kernel log is recognised by its line prefixes, an
+nvidia-smi dump by its header. One exception, for safety: a file whose name says it is rank
+output (`*.stderr`, `*.err`, `*.out`, `rank*`) is always read as rank output, so a user's
+program cannot make its own output count as kernel evidence by imitating kernel lines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from ..engine.lineparse import TimeContext, clean, split_prefix
+from ..engine.models import Bundle, Document, JobInfo, Line
+from ..engine.rules import RuleSet
+from ..engine.taxonomy import Source
+from . import ibstat, nvidia_smi, slurm_state
+from .reader import Limits, SkipFile, open_regular, read_head, scan
+
+RESERVED = {"slurm", "logs", "expected.json"}
+MAX_FILES_PER_DIR = 5000
+MAX_DEPTH = 3
+STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
+
+_RANK_NAME = re.compile(r"(?:^rank[-_.]?\d+|\.(?:stderr|stdout|err|out)$)", re.I)
+_RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
+_KERNEL_NAME = re.compile(r"(journal|dmesg|kern|messages|syslog|kmsg)", re.I)
+_SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
+
+
+def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
+    text = head.decode("utf-8", "replace")
+    if in_slurm:
+        if re.search(r"^\s*JobId=\d", text, re.M):
+            return "slurm_job", Source.scheduler
+        if text.lstrip().startswith("{"):
+            return "slurm_json", Source.scheduler
+        if re.search(r"^JobID(?:Raw)?\|", text, re.M):
+            return "sacct", Source.scheduler
+        return "slurm_log", Source.scheduler
+    if _RANK_NAME.search(name):
+        return "rank_output", Source.stderr
+    smi = nvidia_smi.sniff(text)
+    if smi:
+        return "nvidia_smi:" + smi, Source.gpu
+    if ibstat.sniff(text):
+        return "ibstat", Source.ib
+    if re.search(r"(Health Monitor Report|dcgmi |DCGM|\| Diagnostic)", text[:4096]):
+        return "dcgm", Source.dcgm
+    first = text.lstrip()[:2000]
+    if first.startswith("{") and ("__REALTIME_TIMESTAMP" in first or '"MESSAGE"' in first):
+        return "journal_json", Source.kernel
+    lines = [ln for ln in text.split("\n")[:300] if ln.strip()]
+    if lines:
+        kern = 0
+        for ln in lines:
+            p = split_prefix(clean(ln))
+            if p.kernel_form or (p.ident is not None and p.stamp is not None):
+                kern += 1
+        if kern / len(lines) >= 0.5 or (_KERNEL_NAME.search(name) and kern / len(lines) >= 0.2):
+            return "kernel_log", Source.kernel
+    return "rank_output", Source.stderr
+
+
+def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as e:
+        notes.append(f"{rel or '.'}: cannot list: {e.strerror}")
+        return
+    if len(entries) > MAX_FILES_PER_DIR:
+        notes.append(f"{rel}: {len(entries)} entries, read the first {MAX_FILES_PER_DIR} by name")
+        entries = entries[:MAX_FILES_PER_DIR]
+    for e in entries:
+        if e.name.startswith((".", "_")):
+            continue
+        path = f"{rel}/{e.name}" if rel else e.name
+        if e.is_symlink():
+            notes.append(f"{path}: is a symbolic link (not followed)")
+        elif e.is_dir(follow_symlinks=False):
+            if depth < MAX_DEPTH:
+                _walk(Path(e.path), path, depth + 1, out, notes)
+        else:
+            out.append((Path(e.path), path))
+
+
+class FolderReader:
+    def __init__(self, rules: RuleSet, limits: Optional[Limits] = None, utc_offset: int = 0,
+                 owner: Optional[int] = None):
+        self.rules = rules
+        self.lim = limits or Limits()
+        self.utc_offset = utc_offset
+        self.owner = owner
+        self.lit_rules = rules.literal_rules
+        self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
+                            if c.rule.lines_after}
+
+    def read(self, root: Path, name: Optional[str] = None) -> Bundle:
+        root = Path(root)
+        bundle = Bundle(name=name or root.name, job=JobInfo())
+        top: list[tuple[Path, str]] = []
+        _walk(root, "", 0, top, bundle.notes)
+        slurm_files = [(p, r) for p, r in top if r.startswith("slurm/")]
+        other = [(p, r) for p, r in top if not r.startswith("slurm/") and r != "expected.json"]
+        bundle.job = self._job(slurm_files, bundle)
+        ref = bundle.job.start or bundle.job.end or self._reference(other)
+        tc = TimeContext(ref, self.utc_offset)
+        try:
+            bundle.node_dirs = sorted(e.name for e in os.scandir(root)
+                                      if e.is_dir(follow_symlinks=False)
+                                      and e.name not in RESERVED
+                                      and not e.name.startswith((".", "_")))
+        except OSError:
+            bundle.node_dirs = []
+        for path, rel in slurm_files + other:
+            first = rel.split("/", 1)[0]
+            node = first if ("/" in rel and first not in RESERVED) else None
+            self._read_file(path, rel, node, rel.startswith("slurm/"), tc, bundle)
+        return bundle
+
+    # -- scheduler facts --------------------------------------------------------------------
+    def _job(self, files, bundle: Bundle) -> JobInfo:
+        scon, sacct, js = [], [], []
+        for path, rel in files:
+            try:
+                fd, st = open_regular(str(path), owner=self.owner)
+            except SkipFile as e:
+                bundle.notes.append(f"{rel}: {e}")
+                continue
+            try:
+                text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            kind, _ = _classify(Path(rel).name, text[:65536].encode(), True)
+            if kind == "slurm_job":
+                scon += slurm_state.parse_scontrol(text)
+            elif kind == "sacct":
+                sacct += slurm_state.parse_sacct(text)
+            elif kind == "slurm_json":
+                js += slurm_state.parse_json(text)
+        job = slurm_state.merge(*(scon[:1] + js[:1]))
+        runs = [j for j in sacct if j.start and j.end]
+        if job.state == "PENDING" and runs:
+            # Requeued: the record now describes the next run; the run that ended is in sacct.
+            last = runs[-1]
+            job.state, job.start, job.end, job.nodes = last.state, last.start, last.end, \
+                last.nodes
+            job.restart = max(job.restart - 1, 0)
+        return slurm_state.merge(job, *(sacct[:1]))
+
+    def _reference(self, files) -> Optional[float]:
+        """No job record: take the first full timestamp found at the head of any file."""
+        tc = TimeContext(None, self.utc_offset)
+        for path, rel in files:
+            try:
+                fd, _ = open_regular(str(path), owner=self.owner)
+            except SkipFile:
+                continue
+            try:
+                head = read_head(fd, 16384).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            for ln in head.split("\n")[:50]:
+                t = tc.epoch(split_prefix(clean(ln), srun=True).stamp)
+                if t is not None:
+                    return t
+        return None
+
+    # -- one file ---------------------------------------------------------------------------
+    def _read_file(self, path: Path, rel: str, node: Optional[str], in_slurm: bool,
+                   tc: TimeContext, bundle: Bundle) -> None:
+        try:
+            fd, st = open_regular(str(path), owner=self.owner)
+        except SkipFile as e:
+            bundle.notes.append(f"{rel}: {e}")
+            return
+        try:
+            head = read_head(fd, self.lim.sniff_bytes)
+            kind, source = _classify(Path(rel).name, head, in_slurm)
+            doc = Document(path=rel, node=node, kind=kind, source=source, size=st.st_size)
+            bundle.documents.append(doc)
+            if kind.startswith("nvidia_smi:") or kind == "ibstat":
+                text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
+                if st.st_size > STRUCTURED_CAP:
+                    doc.truncated_bytes = st.st_size - STRUCTURED_CAP
+                facts = (nvidia_smi.PARSERS[kind.split(":")[1]](text) if kind != "ibstat"
+                         else ibstat.facts(text))
+                for n, orig, fact in facts:
+                    bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
+                                             node=node, rank=None, text=clean(orig)[:2000],
+                                             message=clean(fact)[:2000]))
+                return
+            res = scan(fd, st.st_size, self.rules.prefilter, self.lit_rules, self.lines_after,
+                       self.lim)
+            doc.truncated_bytes = res.cut
+            doc.notes.extend(res.notes)
+            srun = bool(kind == "rank_output" and len(_SRUN.findall(head)) >=
+                        max(3, head.count(b"\n") // 2))
+            rank_hint = None
+            m = _RANK_IN_NAME.search(Path(rel).name)
+            if m and kind == "rank_output":
+                rank_hint = int(m.group(1))
+            for h in res.hits:
+                ln = self._line(doc, h, tc, srun, rank_hint)
+                if ln is not None:
+                    bundle.lines.append(ln)
+        finally:
+            os.close(fd)
+
+    def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
+              rank_hint: Optional[int]) -> Optional[Line]:
+        raw = h.data.decode("utf-8", "replace")
+        if doc.kind == "journal_json":
+            return self._journal_line(doc, h, raw)
+        text = clean(raw)
+        p = split_prefix(text, srun=srun)
+        source = doc.source
+        if doc.kind == "kernel_log":
+            # Per line: only what the kernel printed is kernel evidence.
+            source = Source.kernel if (p.kernel_form or p.ident == "kernel") else Source.system
+        rank = p.rank if p.rank is not None else rank_hint
+        ts = tc.epoch(p.stamp)
+        after = before = None
+        if ts is None:
+            after = self._neighbour(h.prev, tc, srun, p.rank)
+            before = self._neighbour(h.next, tc, srun, p.rank)
+        following = tuple(clean(b.decode("utf-8", "replace")) for b in h.following)
+        if srun:
+            following = tuple(split_prefix(f, srun=True).message for f in following)
+        return Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
+                    rank=rank, text=text, message=p.message, ts=ts,
+                    ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
+                    candidates=tuple(sorted(h.lits)), following=following)
+
+    @staticmethod
+    def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:
+        for b in lines:
+            p = split_prefix(clean(b.decode("utf-8", "replace")), srun=srun)
+            if srun and rank is not None and p.rank is not None and p.rank != rank:
+                continue
+            t = tc.epoch(p.stamp)
+            if t is not None:
+                return t
+        return None
+
+    @staticmethod
+    def _journal_line(doc: Document, h, raw: str) -> Optional[Line]:
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            doc.notes.append(f"line {h.line}: not valid JSON (truncated?), skipped")
+            return None
+        if not isinstance(rec, dict):
+            return None
+        msg = rec.get("MESSAGE")
+        if isinstance(msg, list):          # journald emits non-UTF-8 messages as byte arrays
+            msg = bytes(x & 0xFF for x in msg if isinstance(x, int)).decode("utf-8", "replace")
+        if not isinstance(msg, str):
+            return None
+        try:
+            ts = int(rec.get("__REALTIME_TIMESTAMP")) / 1e6
+        except (TypeError, ValueError):
+            ts = None
+        kernel = rec.get("_TRANSPORT") == "kernel"
+        text = clean(msg)
+        return Line(doc=doc.path, line=h.line, offset=h.offset,
+                    source=Source.kernel if kernel else Source.system, node=doc.node, rank=None,
+                    text=text, message=text, ts=ts, ts_res=1e-6,
+                    cursor=rec.get("__CURSOR"), candidates=tuple(sorted(h.lits)))

@@ -1,0 +1,224 @@
+"""Decoders: what a catalog or a format knows about one matched line, beyond the rule's regex.
+
+A rule names its decoder (`decode: xid`). A decoder reads the captures of one hit and refines the
+event: the Xid catalog's category and role, an IB completion status, the reason in a Slurm
+cancel banner, a task exit's signal. Decoders look at one line only; relating lines to each other
+is the pipeline's correlate stage.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from . import xid as xidcat
+from .lineparse import TimeContext, parse_stamp_text
+from .models import Line, Rule
+from .taxonomy import Action, Category, Role, Source
+
+
+@dataclass(slots=True)
+class Event:
+    """One rule hit on one line, refined step by step by the pipeline."""
+    rule: Rule
+    line: Line
+    caps: dict
+    category: Optional[Category]
+    role: Role
+    source: Source
+    node: Optional[str]
+    rank: Optional[int]
+    gpu: Optional[str] = None
+    pid: Optional[int] = None
+    lo: Optional[float] = None      # earliest instant the event can have happened
+    hi: Optional[float] = None      # latest instant
+    action: Action = Action.none
+    detail: str = ""
+    weak: bool = False              # a program-level or "maybe hardware" signal
+    tags: set = field(default_factory=set)
+    peer: Optional[str] = None      # host or address this line blames (a locator)
+    when: Optional[float] = None    # instant stated inside the message (CANCELLED AT ...)
+    id: str = ""
+    root: Optional[str] = None
+    why: str = ""                   # why the pipeline demoted or promoted it
+
+    def sort_key(self):
+        ln = self.line
+        return (ln.doc, ln.offset, self.rule.id)
+
+
+def normalize_pci(pci: Optional[str]) -> Optional[str]:
+    """`0000:9d:00` / `00000000:9D:00.0` / `9d:00.0` -> `0000:9d:00.0`."""
+    if not pci:
+        return None
+    p = pci.strip().lower()
+    m = re.match(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})(?:\.([0-7]))?$", p)
+    if not m:
+        return p
+    dom = (m.group(1) or "0")[-4:].rjust(4, "0")
+    return f"{dom}:{m.group(2).rjust(2, '0')}:{m.group(3).rjust(2, '0')}.{m.group(4) or '0'}"
+
+
+Decoder = Callable[[Event, TimeContext], None]
+DECODERS: dict[str, Decoder] = {}
+
+
+def decoder(fn: Decoder) -> Decoder:
+    DECODERS[fn.__name__] = fn
+    return fn
+
+
+def catalog_digest() -> str:
+    return xidcat.catalog_digest()
+
+
+@decoder
+def xid(ev: Event, tc: TimeContext) -> None:
+    code = int(ev.caps.get("xid", "0"))
+    v = xidcat.classify(code, ev.caps.get("body", ""))
+    ev.category, ev.role, ev.weak = v.category, v.role, v.weak
+    ev.tags |= v.tags | {f"xid{code}"}
+    ev.action = v.action
+    ev.detail = v.detail
+    if v.recovery is not None:
+        ev.tags.add(f"recovery{v.recovery}")
+    pid = ev.caps.get("pid", "").strip("'")
+    if pid.isdigit():
+        ev.pid = int(pid)
+
+
+# libibverbs enum ibv_wc_status, as NCCL prints it (error-signatures NCCL-01).
+_IB_ROOT = {4: (Category.network_config, "local protection error (GPUDirect RDMA / ACS / "
+                "memory registration)")}
+_IB_NAMES = {1: "LOC_LEN_ERR", 2: "LOC_QP_OP_ERR", 4: "LOC_PROT_ERR", 5: "WR_FLUSH_ERR",
+             7: "BAD_RESP_ERR", 8: "LOC_ACCESS_ERR", 9: "REM_INV_REQ_ERR", 10: "REM_ACCESS_ERR",
+             11: "REM_OP_ERR", 12: "RETRY_EXC_ERR", 13: "RNR_RETRY_EXC_ERR",
+             20: "RESP_TIMEOUT_ERR", 21: "GENERAL_ERR"}
+
+
+@decoder
+def ib_completion(ev: Event, tc: TimeContext) -> None:
+    st = int(ev.caps.get("status") or 0)
+    ev.tags.add(f"ibstatus{st}")
+    ev.detail = f"status {st} ({_IB_NAMES.get(st, 'unknown')})"
+    if st in _IB_ROOT:
+        ev.category, why = _IB_ROOT[st]
+        ev.role, ev.weak, ev.detail = Role.root, True, why
+        ev.action = Action.fix_network_config
+    else:
+        ev.role = Role.symptom
+
+
+_CANCEL = {
+    "TIME LIMIT": (Category.scheduler_timelimit, Role.root),
+    "PREEMPTION": (Category.scheduler_preemption, Role.root),
+    "NODE FAILURE": (Category.scheduler_node_failure, Role.confirmation),
+    "JOB REQUEUE": (Category.scheduler_preemption, Role.context),
+    "TASK FAILURE": (Category.scheduler_cancelled, Role.symptom),
+}
+
+
+@decoder
+def slurm_cancel(ev: Event, tc: TimeContext) -> None:
+    reason = (ev.caps.get("reason") or "").upper()
+    for key, (cat, role) in _CANCEL.items():
+        if reason.startswith(key):
+            ev.category, ev.role = cat, role
+            break
+    else:  # no reason, or "DUE to SIGNAL ..." (25.05+): an explicit scancel
+        ev.category, ev.role = Category.scheduler_cancelled, Role.root
+    if ev.category == Category.scheduler_node_failure:
+        ev.tags.add("node_failure_banner")
+    at = parse_stamp_text(ev.caps.get("at") or "")
+    ev.when = tc.epoch(at)
+    ev.tags.add("terminator" if ev.role == Role.root else "cancel_banner")
+
+
+_SIGNALS = {"Killed": 9, "Aborted": 6, "Segmentation fault": 11, "Bus error": 7,
+            "Terminated": 15, "Floating point exception": 8, "Illegal instruction": 4}
+
+
+@decoder
+def srun_exit(ev: Event, tc: TimeContext) -> None:
+    how = ev.caps.get("how") or ""
+    if how.startswith("Out Of Memory"):
+        ev.category, ev.role = Category.host_oom, Role.root
+        ev.action = Action.reduce_host_memory
+    else:
+        ev.role = Role.symptom
+        ev.tags.add("task_exit")
+        if how.startswith("Exited with exit code"):
+            ev.tags.add("exit_code")
+        elif how.split(" (")[0] in _SIGNALS:
+            ev.tags.add(f"signal{_SIGNALS[how.split(' (')[0]]}")
+
+
+_STATES = {
+    "NODE_FAIL": (Category.scheduler_node_failure, Role.root),
+    "BOOT_FAIL": (Category.scheduler_node_failure, Role.root),
+    "OUT_OF_MEMORY": (Category.host_oom, Role.confirmation),
+    "TIMEOUT": (Category.scheduler_timelimit, Role.confirmation),
+    "DEADLINE": (Category.scheduler_timelimit, Role.confirmation),
+    "PREEMPTED": (Category.scheduler_preemption, Role.confirmation),
+}
+
+
+@decoder
+def job_state(ev: Event, tc: TimeContext) -> None:
+    state = (ev.caps.get("state") or "").upper()
+    if state.startswith("CANCELLED"):
+        ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
+        if "BY" in state:
+            ev.tags.add("cancelled_by_uid")
+        return
+    cat_role = _STATES.get(state)
+    if cat_role is None:
+        ev.category, ev.role = None, Role.context
+        return
+    ev.category, ev.role = cat_role
+    if ev.category == Category.scheduler_node_failure:
+        # The record says a node failed, not which one; slurmctld/srun lines name it.
+        ev.weak = True
+
+
+_BLOCK = {
+    "time": re.compile(r"^\s*time\s*:\s*(\S+)"),
+    "rank": re.compile(r"^\s*rank\s*:\s*(\d+)"),
+    "host": re.compile(r"^\s*host\s*:\s*(\S+)"),
+    "exitcode": re.compile(r"^\s*exitcode\s*:\s*(-?\d+)"),
+}
+
+
+@decoder
+def childfailed(ev: Event, tc: TimeContext) -> None:
+    """torchelastic's per-failure block: rank line plus the time/host/exitcode lines near it."""
+    ev.role = Role.context
+    block = list(ev.line.following)
+    for text in block:
+        for key, rx in _BLOCK.items():
+            m = rx.match(text)
+            if m and key not in ev.caps:
+                ev.caps[key] = m.group(1)
+    if "host" in ev.caps:
+        ev.peer = ev.caps["host"]
+    if ev.caps.get("rank", "").isdigit():
+        ev.rank = int(ev.caps["rank"])
+    t = tc.epoch(parse_stamp_text(ev.caps.get("time", "")))
+    if t is not None:
+        ev.when = t
+    code = ev.caps.get("exitcode")
+    if code is not None:
+        ev.tags.add(f"exit{code}")
+
+
+@decoder
+def device_lost(ev: Event, tc: TimeContext) -> None:
+    """The GPU is gone from the bus: a lost device explains its own link and ECC errors."""
+    ev.tags.add("device_lost")
+
+
+@decoder
+def disk_full(ev: Event, tc: TimeContext) -> None:
+    """ENOSPC on /dev/shm is shared memory running out (host_oom), not a filesystem."""
+    if (ev.caps.get("path") or "").startswith("/dev/shm"):
+        ev.category, ev.role = Category.host_oom, Role.confirmation

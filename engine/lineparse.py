@@ -1,0 +1,219 @@
+"""Log line prefixes: timestamps, hosts, ranks and syslog identifiers, in the common forms.
+
+Pure functions over one line. `split_prefix` peels the prefixes that log paths add (srun -l,
+syslog / ISO / dmesg / kmsg, torch's `[rankN]:`) and reports what they said; rules then match
+the remaining message. Timestamps come back as naive parts plus a resolution; turning a
+year-less `Mon DD HH:MM:SS` into an instant needs a reference time, which `TimeContext` holds.
+"""
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Optional
+
+MONTHS = {m: i for i, m in enumerate(
+    ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], 1)}
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+_SRUN = re.compile(r"^ {0,6}(\d{1,7}): ")
+_RANKTAG = re.compile(r"^\[rank(\d{1,7})\]:")
+_ISO = (r"(?P<iso>(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+        r"(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?)")
+_SYSLOG_TS = (r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<sd>\d{1,2}) "
+              r"(?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)(?:\.(?P<sfrac>\d{1,9}))?")
+_IDENT = r" (?P<host>[^\s:\[\]]+) (?P<ident>[^\s:\[\]]+)(?:\[(?P<pid>\d+)\])?: "
+_SYSLOG = re.compile(r"^" + _SYSLOG_TS + _IDENT)
+_ISOLOG = re.compile(r"^" + _ISO + _IDENT)
+_DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _SYSLOG_TS + r" (?P<ty>\d{4})\] ")
+_DMESG_MONO = re.compile(r"^\[ *\d+\.\d+\] (?:\[ *[TC]\d+\] )?")
+_KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+_SLURMCTLD = re.compile(r"^\[" + _ISO + r"\] ")
+_FABRIC = re.compile(r"^\[(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?P<sd>\d\d) "
+                     r"(?P<fy>\d{4}) (?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)\] ")
+_GLOG = re.compile(r"^\[?(?P<sev>[IWEF])(?P<gmo>\d\d)(?P<gd>\d\d) (?P<gh>\d\d):(?P<gmi>\d\d):"
+                   r"(?P<gs>\d\d)(?:\.(?P<gfrac>\d{1,9}))?(?: +\d+)? [\w./-]+:\d+\] ")
+_PYLOG = re.compile(r"^" + _ISO + r"(?=[ \]|:])")
+_NCCL_HOST = re.compile(r"^(?:\[[^\]]{1,64}\] )?(?P<host>[A-Za-z0-9][\w.-]{0,253}):(?P<pid>\d+):"
+                        r"(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+
+
+@dataclass(slots=True)
+class Stamp:
+    """A wall-clock reading from a log line; `year` is None when the format has none."""
+    year: Optional[int]
+    month: int
+    day: int
+    hour: int
+    minute: int
+    second: int
+    micro: int = 0
+    offset: Optional[int] = None   # seconds east of UTC when the line said so
+    res: float = 1.0
+
+
+@dataclass(slots=True)
+class Parsed:
+    message: str
+    stamp: Optional[Stamp] = None
+    rank: Optional[int] = None
+    host: Optional[str] = None
+    ident: Optional[str] = None    # syslog identifier ("kernel" for kernel lines)
+    kernel_form: bool = False      # dmesg / kmsg form: only the kernel prints these
+    nccl_host: Optional[str] = None
+    nccl_dev: Optional[int] = None
+
+
+def clean(text: str) -> str:
+    """Drop ANSI escapes and make other control characters visible, for matching and display."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return _CTRL.sub("\ufffd", text) if _CTRL.search(text) else text
+
+
+def _frac(s: Optional[str]) -> tuple[int, float]:
+    if not s:
+        return 0, 1.0
+    return int(s[:6].ljust(6, "0")), 10.0 ** -min(len(s), 6)
+
+
+def _tz(s: Optional[str]) -> Optional[int]:
+    if not s:
+        return None
+    if s == "Z":
+        return 0
+    sign = -1 if s[0] == "-" else 1
+    digits = s[1:].replace(":", "")
+    return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
+
+
+def _iso(m) -> Stamp:
+    micro, res = _frac(m.group("frac"))
+    return Stamp(int(m.group("y")), int(m.group("mo")), int(m.group("d")), int(m.group("h")),
+                 int(m.group("mi")), int(m.group("s")), micro, _tz(m.group("tz")), res)
+
+
+def _sys(m, year=None) -> Stamp:
+    gd = m.groupdict()
+    micro, res = _frac(gd.get("sfrac"))
+    return Stamp(year, MONTHS[m.group("mon")], int(m.group("sd")), int(m.group("sh")),
+                 int(m.group("smi")), int(m.group("ss")), micro, None, res)
+
+
+def parse_stamp_text(s: str) -> Optional[Stamp]:
+    """A timestamp standing alone (scontrol StartTime=, torchelastic `time :`, CANCELLED AT)."""
+    s = s.strip()
+    m = re.match(_ISO + r"$", s.replace("_", "T", 1) if "_" in s[:11] else s)
+    if m:
+        return _iso(m)
+    return None
+
+
+def split_prefix(raw: str, srun: bool = False) -> Parsed:
+    """Peel log-path prefixes off one line (already cleaned) and say what they carried."""
+    line = raw
+    rank = None
+    if srun:
+        m = _SRUN.match(line)
+        if m:
+            rank = int(m.group(1))
+            line = line[m.end():]
+    p = Parsed(message=line, rank=rank)
+
+    m = _SYSLOG.match(line) or _ISOLOG.match(line)
+    if m:
+        p.stamp = _iso(m) if m.groupdict().get("iso") else _sys(m)
+        p.host, p.ident = m.group("host"), m.group("ident")
+        line = line[m.end():]
+        mm = _DMESG_MONO.match(line)
+        if mm:
+            line = line[mm.end():]
+    else:
+        m = _DMESG_T.match(line)
+        if m:
+            p.stamp = _sys(m, int(m.group("ty")))
+            p.kernel_form = True
+            line = line[m.end():]
+        elif (m := _KMSG.match(line)) or (m := _DMESG_MONO.match(line)):
+            p.kernel_form = True
+            line = line[m.end():]
+        elif (m := _SLURMCTLD.match(line)):
+            p.stamp = _iso(m)
+            line = line[m.end():]
+        elif (m := _FABRIC.match(line)):
+            p.stamp = _sys(m, int(m.group("fy")))
+            line = line[m.end():]
+
+    m = _RANKTAG.match(line)
+    if m:
+        p.rank = int(m.group(1)) if p.rank is None else p.rank
+        line = line[m.end():]
+    if p.stamp is None:
+        m = _GLOG.match(line)
+        if m:
+            micro, res = _frac(m.group("gfrac"))
+            p.stamp = Stamp(None, int(m.group("gmo")), int(m.group("gd")), int(m.group("gh")),
+                            int(m.group("gmi")), int(m.group("gs")), micro, None, res)
+        else:
+            m = _PYLOG.match(line)
+            if m:
+                p.stamp = _iso(m)
+    m = _NCCL_HOST.match(line)
+    if m:
+        p.nccl_host = m.group("host")
+        p.nccl_dev = int(m.group("dev"))
+    p.message = line
+    return p
+
+
+class TimeContext:
+    """Turns stamps into epoch seconds. Naive stamps are read in `utc_offset` (default UTC);
+    year-less stamps take the year that puts them nearest the reference instant, so a
+    `Dec 31` line and a `Jan 01` line of a job that ran over New Year stay in order."""
+
+    def __init__(self, reference: Optional[float] = None, utc_offset: int = 0):
+        self.reference = reference
+        self.utc_offset = utc_offset
+
+    def epoch(self, st: Optional[Stamp]) -> Optional[float]:
+        if st is None:
+            return None
+        off = self.utc_offset if st.offset is None else st.offset
+        if st.year is not None:
+            return self._mk(st, st.year, off)
+        if self.reference is None:
+            return None
+        ref_year = datetime.fromtimestamp(self.reference, timezone.utc).year
+        best = None
+        for y in (ref_year - 1, ref_year, ref_year + 1):
+            t = self._mk(st, y, off)
+            if t is not None and (best is None or abs(t - self.reference) < abs(best - self.reference)):
+                best = t
+        return best
+
+    @staticmethod
+    def _mk(st: Stamp, year: int, off: int) -> Optional[float]:
+        try:
+            base = calendar.timegm((year, st.month, st.day, st.hour, st.minute, st.second, 0, 0, 0))
+            datetime(year, st.month, st.day)  # validates Feb 29 etc.
+        except (ValueError, OverflowError):
+            return None
+        return base - off + st.micro / 1e6
+
+
+def iso_utc(t: Optional[float]) -> Optional[str]:
+    """Epoch seconds -> `2026-11-02T10:14:07Z` (microseconds only when present)."""
+    if t is None:
+        return None
+    dt = datetime.fromtimestamp(t, timezone.utc)
+    if dt.microsecond:
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nccl_host(message: str) -> Optional[tuple[str, int]]:
+    m = _NCCL_HOST.match(message)
+    return (m.group("host"), int(m.group("dev"))) if m else None

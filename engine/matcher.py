@@ -1,0 +1,197 @@
+"""Compiling rule patterns: linear-time check, required literals, and the literal prefilter.
+
+Every rule pattern runs on RE2 (google-re2), which matches in time linear in the line length.
+Constructs RE2 cannot run that way (back-references, look-around, atomic groups, possessive
+repeats, conditionals) are rejected when the rule loads, with a message naming the construct.
+
+Scanning gigabytes of rank output line by line in Python would be slow, so each rule also yields
+the set of literal strings one of which must appear in any line it matches (derived from the
+pattern, like RE2's and Hyperscan's own prefilters). One multi-literal automaton (Hyperscan when
+installed, otherwise a Python alternation) finds the few lines worth running the rules on.
+"""
+from __future__ import annotations
+
+import re
+import re._constants as C  # noqa: N812  (the stdlib's own parser: exact Python regex syntax)
+import re._parser as P  # noqa: N812
+
+import re2
+
+MIN_LITERAL = 3
+
+_REJECT = {
+    C.GROUPREF: "a back-reference",
+    C.GROUPREF_EXISTS: "a conditional group",
+    C.ASSERT: "a look-ahead/look-behind",
+    C.ASSERT_NOT: "a negative look-ahead/look-behind",
+    C.ATOMIC_GROUP: "an atomic group",
+    C.POSSESSIVE_REPEAT: "a possessive repeat",
+}
+
+
+class PatternError(ValueError):
+    """The pattern cannot be used: bad syntax, not linear-time, or no usable literal."""
+
+
+def _walk(items, out):
+    for op, av in items:
+        if op in _REJECT:
+            out.add(_REJECT[op])
+            continue
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            _walk(av[2], out)
+        elif op == C.SUBPATTERN:
+            _walk(av[3], out)
+        elif op == C.BRANCH:
+            for b in av[1]:
+                _walk(b, out)
+
+
+def _parse(pattern: str, ignore_case: bool):
+    try:
+        return P.parse(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as e:
+        raise PatternError(f"invalid regular expression: {e}") from None
+
+
+def check_linear(pattern: str, ignore_case: bool = False) -> None:
+    parsed = _parse(pattern, ignore_case)
+    bad: set[str] = set()
+    _walk(parsed.data, bad)
+    if bad:
+        raise PatternError(
+            f"uses {', '.join(sorted(bad))}, which cannot be matched in linear time; "
+            "rewrite it without (RE2 syntax)")
+
+
+def _best(cands: list[set[str]]) -> set[str] | None:
+    """Pick the literal set that filters best: longest shortest member, then fewest members."""
+    good = [c for c in cands if c]
+    if not good:
+        return None
+    return max(good, key=lambda s: (min(len(x) for x in s), -len(s), sorted(s)))
+
+
+def _required(items, fold: bool) -> set[str] | None:
+    """Set of literals one of which every match of `items` (a sequence) must contain."""
+    cands: list[set[str]] = []
+    run: list[str] = []
+
+    def flush():
+        if run:
+            cands.append({"".join(run)})
+            run.clear()
+
+    for op, av in items:
+        if op == C.LITERAL:
+            ch = chr(av)
+            run.append(ch.lower() if fold else ch)
+            continue
+        flush()
+        if op == C.SUBPATTERN:
+            sub = _required(av[3], fold)
+            if sub:
+                cands.append(sub)
+        elif op == C.BRANCH:
+            alts = [_required(b, fold) for b in av[1]]
+            if all(alts):
+                cands.append(set().union(*alts))
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT) and av[0] >= 1:
+            sub = _required(av[2], fold)
+            if sub:
+                cands.append(sub)
+    flush()
+    return _best(cands)
+
+
+def required_literals(pattern: str, ignore_case: bool = False) -> list[str]:
+    """Literals of which any match must contain one; raises if none is long enough to filter."""
+    parsed = _parse(pattern, ignore_case)
+    fold = ignore_case or bool(parsed.state.flags & re.IGNORECASE)
+    lits = _required(parsed.data, fold)
+    if not lits or min(len(x) for x in lits) < MIN_LITERAL:
+        raise PatternError(
+            f"has no literal text of {MIN_LITERAL}+ characters that every match must contain; "
+            "anchor it on a fixed word of the message so it can be prefiltered")
+    return sorted(lits)
+
+
+def compile_rule_pattern(pattern: str, ignore_case: bool = False):
+    """Validate and compile for RE2. Returns (compiled, literals, caseless)."""
+    check_linear(pattern, ignore_case)
+    lits = required_literals(pattern, ignore_case)
+    parsed = _parse(pattern, ignore_case)
+    caseless = ignore_case or bool(parsed.state.flags & re.IGNORECASE)
+    opts = re2.Options()
+    opts.case_sensitive = not caseless
+    opts.log_errors = False
+    try:
+        rx = re2.compile(pattern, options=opts)
+    except re2.error as e:  # pragma: no cover - check_linear catches the known differences
+        raise PatternError(f"RE2 cannot compile it: {e}") from None
+    return rx, lits, caseless
+
+
+class Prefilter:
+    """Finds every occurrence of any of a set of literals in a byte buffer.
+
+    `scan(buf)` returns a sorted list of (end_offset, literal_index). Hyperscan is used when it
+    imports (x86_64 wheels); the fallback is one Python alternation per case mode, which is
+    correct but several times slower.
+    """
+
+    def __init__(self, literals: list[tuple[str, bool]]):
+        self.literals = literals
+        self.max_len = max((len(s.encode()) for s, _ in literals), default=1)
+        self._hs = None
+        try:
+            import hyperscan  # noqa: PLC0415  (optional, platform dependent)
+        except ImportError:  # pragma: no cover - exercised on non-x86 machines
+            hyperscan = None
+        if hyperscan is not None and literals:
+            db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            exprs = [re.escape(s).encode() for s, _ in literals]
+            flags = [hyperscan.HS_FLAG_CASELESS if ci else 0 for _, ci in literals]
+            db.compile(expressions=exprs, ids=list(range(len(literals))),
+                       elements=len(literals), flags=flags)
+            self._hs = db
+        else:
+            alt = b"|".join(re.escape(s.encode()) for s, _ in literals)
+            self._rx = re.compile(alt, re.IGNORECASE) if literals else None
+            self._folded = [(s.lower().encode() if ci else s.encode(), ci)
+                            for s, ci in literals]
+
+    @property
+    def engine(self) -> str:
+        return "hyperscan" if self._hs is not None else "python-re"
+
+    def scan(self, buf) -> list[tuple[int, int]]:
+        hits: list[tuple[int, int]] = []
+        if not self.literals or not buf:
+            return hits
+        if self._hs is not None:
+            def on_match(lit_id, _from, to, _flags, _ctx):
+                hits.append((to, lit_id))
+            self._hs.scan(bytes(buf) if isinstance(buf, memoryview) else buf,
+                          match_event_handler=on_match)
+        else:
+            # Find lines holding any literal, then list every literal on each such line
+            # (overlapping ones included), as Hyperscan would report them.
+            seen = -1
+            for m in self._rx.finditer(buf):
+                if m.start() < seen:
+                    continue
+                ls = buf.rfind(b"\n", 0, m.start()) + 1
+                le = buf.find(b"\n", m.end())
+                le = len(buf) if le < 0 else le
+                seen = le
+                seg = bytes(buf[ls:le])
+                low = seg.lower()
+                for i, (lit, ci) in enumerate(self._folded):
+                    hay = low if ci else seg
+                    j = hay.find(lit)
+                    while j >= 0:
+                        hits.append((ls + j + len(lit), i))
+                        j = hay.find(lit, j + 1)
+        hits.sort()
+        return hits

@@ -1,0 +1,224 @@
+"""Data shapes: the rule file, the inputs the pipeline reads, and the diagnosis it writes.
+
+`Rule` and `Diagnosis` are pydantic models (strict: unknown fields are errors). The pipeline's
+inputs (`Document`, `Line`, `JobInfo`) are plain dataclasses: collectors make thousands of them
+and they never cross a trust boundary as untyped data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .taxonomy import Action, Category, Outcome, Role, Source
+
+# --------------------------------------------------------------------------------------------
+# Rules (engine/rules/<domain>/<mechanism>.yaml)
+# --------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MatchExample(_Strict):
+    line: str
+    captures: dict[str, str] = Field(default_factory=dict)
+
+
+class NoMatchExample(_Strict):
+    line: str
+
+
+class Examples(_Strict):
+    match: list[MatchExample] = Field(min_length=1)
+    no_match: list[NoMatchExample] = Field(default_factory=list)
+
+
+class Rule(_Strict):
+    """One failure pattern: what a line means. Which hit is the root cause is engine code."""
+    id: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
+    title: str
+    category: Optional[Category] = None      # None only for pure context/locator rules
+    role: Role
+    source: list[Source] = Field(min_length=1)  # sources a line must come from to count
+    pattern: str
+    ignore_case: bool = False
+    explain: str                             # template over captures, {node} {rank} {gpu}
+    action: Action = Action.none
+    # Engine hook that refines the hit (e.g. "xid" applies the Xid catalog). Names a function
+    # in engine.decode; the rule says what the line is, the decoder adds what the catalog knows.
+    decode: Optional[str] = None
+    # A generic catch-all (e.g. any Python exception): dropped on a line that a specific rule
+    # also matched.
+    fallback: bool = False
+    # Lines after the hit handed to the decoder (multi-line blocks such as torchelastic's
+    # "Root Cause" report). At most 8.
+    lines_after: int = Field(default=0, ge=0, le=8)
+    references: list[str] = Field(default_factory=list)
+    examples: Examples
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline inputs (produced by collectors, consumed by engine.pipeline)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Document:
+    """One evidence file (or one command's output) and what the reader learnt about it."""
+    path: str                    # relative to the bundle, '/'-separated: "node-02/journal.log"
+    node: Optional[str]          # None for job-level files (logs/, slurm/)
+    kind: str                    # kernel_log, journal_json, nvidia_smi, rank_output, ...
+    source: Source
+    size: int = 0
+    truncated_bytes: int = 0     # bytes skipped between head and tail (0 = read whole)
+    notes: list[str] = field(default_factory=list)
+    year: Optional[int] = None   # year used for timestamps that carry none
+
+
+@dataclass(slots=True)
+class Line:
+    """A line that some rule's literal prefilter hit, with its provenance."""
+    doc: str                     # Document.path
+    line: Optional[int]          # 1-based, counting LF; None past a cut (see offset)
+    offset: int                  # byte offset of the line start in the file
+    source: Source
+    node: Optional[str]
+    rank: Optional[int]
+    text: str                    # the line as printed (control characters made visible)
+    message: str                 # the line without its log prefixes (what rules match)
+    ts: Optional[float] = None   # epoch seconds (UTC) from the line itself
+    ts_res: float = 1.0          # resolution of ts in seconds
+    after: Optional[float] = None   # untimed line: printed after this time (same stream)
+    before: Optional[float] = None  # untimed line: printed before this time (same stream)
+    cursor: Optional[str] = None    # journal cursor when read from the journal
+    candidates: Optional[tuple[str, ...]] = None  # rule ids whose literal hit; None = all
+    following: tuple[str, ...] = ()  # next lines, for rules with lines_after
+
+
+@dataclass(slots=True)
+class JobInfo:
+    """Scheduler facts about the job run, from slurm/ files or the controller."""
+    job_id: Optional[str] = None
+    restart: int = 0
+    cluster: Optional[str] = None
+    name: Optional[str] = None
+    user: Optional[str] = None
+    partition: Optional[str] = None
+    state: Optional[str] = None
+    reason: Optional[str] = None
+    exit_code: Optional[str] = None
+    start: Optional[float] = None
+    end: Optional[float] = None
+    nodes: list[str] = field(default_factory=list)
+    num_tasks: Optional[int] = None
+    tasks_per_node: Optional[int] = None
+    batch_host: Optional[str] = None
+
+
+@dataclass
+class Bundle:
+    """Everything collected for one job run: the input of the pipeline."""
+    name: str
+    job: JobInfo
+    documents: list[Document] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+    node_dirs: list[str] = field(default_factory=list)   # nodes that delivered anything
+    notes: list[str] = field(default_factory=list)       # what the collectors could not read
+
+
+# --------------------------------------------------------------------------------------------
+# The diagnosis (../shared/spec/CONTRACT.md §2)
+# --------------------------------------------------------------------------------------------
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Evidence(_Out):
+    id: str
+    role: Role
+    source: Source
+    node: Optional[str]
+    path: str
+    line: Optional[int]
+    timestamp: Optional[str]
+    text: str
+    rule: str
+    rank: Optional[int] = None
+    gpu: Optional[str] = None
+    category: Optional[Category] = None
+    offset: Optional[int] = None
+    cursor: Optional[str] = None
+    root: Optional[str] = None     # for symptoms/confirmations: the root evidence id they follow
+
+
+class Cause(_Out):
+    category: Category
+    node: Optional[str]
+    gpu: Optional[str]
+    rank: Optional[int]
+    summary: str
+    first_seen: Optional[str]
+    evidence: list[str]
+    rule: str
+    action: str
+    action_code: Action
+
+
+class Symptom(_Out):
+    category: str
+    node: Optional[str]
+    rank: Optional[int]
+    summary: str
+    evidence: list[str]
+    count: int = 1
+    nodes: list[str] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    rule: str = ""
+
+
+class Completeness(_Out):
+    present: list[str]
+    missing: list[str]
+    notes: list[str] = Field(default_factory=list)
+
+
+class JobSummary(_Out):
+    cluster: Optional[str] = None
+    name: Optional[str] = None
+    user: Optional[str] = None
+    partition: Optional[str] = None
+    state: Optional[str] = None
+    reason: Optional[str] = None
+    exit_code: Optional[str] = None
+    start: Optional[str] = None
+    end: Optional[str] = None
+    nodes: list[str] = Field(default_factory=list)
+
+
+class Diagnosis(_Out):
+    job_id: Optional[str]
+    restart: int = 0
+    outcome: Outcome
+    root_cause: Optional[Cause]
+    candidates: list[Cause]
+    affected_nodes: list[str]
+    symptoms: list[Symptom]
+    evidence: list[Evidence]
+    completeness: Completeness
+    action: str
+    action_code: Action
+    explanation: str
+    order_note: Optional[str] = None
+    job: JobSummary = Field(default_factory=JobSummary)
+    rules_version: str
+    engine_version: str

@@ -1,0 +1,753 @@
+"""The rules pipeline: (bundle, rules) -> Diagnosis. Pure: no I/O, no clock, no randomness.
+
+Stages, top to bottom:
+
+    extract    lines -> events: run the rules a line's literals point at, keep the ones whose
+               source the rule trusts, apply the rule's decoder
+    filter     drop events outside the job's time window and duplicates
+    correlate  rank <-> node <-> GPU, peers named in errors, a rank's exit time
+    refine     group root events into incidents per node; hardware/infrastructure incidents
+               absorb the program-side errors they explain; teardown after a scheduler
+               terminator is noise
+    verdict    the earliest incident wins; two that cannot be ordered and fit equally make
+               the diagnosis ambiguous; nothing supported leaves it unattributed
+
+Order: within one file, lines are ordered by position. Across files, an event is known to come
+before another only when its time interval ends before the other's begins; untimed lines take
+the interval between the nearest timestamped lines around them.
+"""
+from __future__ import annotations
+
+import string
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from . import decode
+from .decode import Event, normalize_pci
+from .hostlist import compress
+from .lineparse import TimeContext, iso_utc, nccl_host
+from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Line,
+                     Symptom)
+from .rules import RuleSet
+from .taxonomy import (FAMILY, INFRASTRUCTURE, TERMINATORS, Action, Category, Outcome, Role,
+                       Source)
+
+TRUSTED = {Source.kernel, Source.system, Source.gpu, Source.dcgm, Source.ib, Source.scheduler}
+ROLE_ORDER = {Role.root: 0, Role.confirmation: 1, Role.symptom: 2, Role.context: 3}
+MAX_EVIDENCE_PER_GROUP = 3
+MAX_INCIDENT_EVIDENCE = 40
+
+
+@dataclass
+class Settings:
+    window_before: float = 600.0     # seconds before job start that still count
+    window_after: float = 120.0      # seconds after job end that still count
+    clock_skew: float = 0.0          # tolerance when ordering events of different nodes
+    utc_offset: int = 0
+
+
+@dataclass
+class Incident:
+    node: Optional[str]
+    family: str
+    events: list = field(default_factory=list)
+    tier: int = 2                    # 3 = infrastructure fact from a trusted source
+    timed: bool = True
+
+    @property
+    def first(self) -> Event:
+        return self.events[0]
+
+    @property
+    def category(self) -> Category:
+        strong = [e for e in self.events if e.role == Role.root and not e.weak
+                  and e.source in TRUSTED] or [e for e in self.events if e.role == Role.root] \
+            or self.events
+        if any("device_lost" in e.tags for e in self.events if e.source in TRUSTED):
+            return Category.gpu_hardware
+        return strong[0].category
+
+    @property
+    def gpu(self) -> Optional[str]:
+        for e in self.events:
+            if e.role == Role.root and e.gpu:
+                return e.gpu
+        for e in self.events:
+            if e.gpu:
+                return e.gpu
+        return None
+
+    def rank(self, links: "Links") -> Optional[int]:
+        """The culprit rank: the rank that raised a program-side cause, or the rank whose GPU
+        is the culprit GPU. None when no rank is tied to the cause."""
+        if self.category in PROGRAM or self.category == Category.host_oom:
+            for e in self.events:
+                if e.rank is not None and e.source == Source.stderr:
+                    return e.rank
+        gpu = self.gpu
+        if gpu:
+            for e in self.events:
+                if e.rank is not None and links.rank_gpu.get(e.rank) == gpu:
+                    return e.rank
+        return None
+
+
+# ============================================================================================
+# extract
+# ============================================================================================
+
+
+class _Fmt(string.Formatter):
+    def get_value(self, key, args, kwargs):
+        v = kwargs.get(key)
+        return "?" if v is None or v == "" else v
+
+    def format_field(self, value, spec):
+        try:
+            return super().format_field(value, spec)
+        except (ValueError, TypeError):
+            return str(value)
+
+
+_FMT = _Fmt()
+
+
+def _explain(ev: Event) -> str:
+    vals = dict(ev.caps)
+    vals.update(node=ev.node, rank=ev.rank, gpu=ev.gpu, detail=ev.detail, peer=ev.peer)
+    try:
+        text = _FMT.format(ev.rule.explain, **vals)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        text = ev.rule.explain
+    return " ".join(text.split())[:300]
+
+
+def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
+            notes: Counter) -> list[Event]:
+    by_source: dict[Source, list] = defaultdict(list)
+    for c in rules.rules:
+        for s in c.rule.source:
+            by_source[s].append(c)
+    events: list[Event] = []
+    for ln in lines:
+        cands = ([rules.by_id[r] for r in ln.candidates if r in rules.by_id]
+                 if ln.candidates is not None else by_source.get(ln.source, []))
+        hits = []
+        for c in cands:
+            if ln.source not in c.rule.source:
+                # Looks like (say) a kernel line but came from rank output: not evidence.
+                if c.rule.source == [Source.kernel] and c.search(ln.message):
+                    notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
+                          "ignored (kernel evidence comes only from kernel logs)"] += 1
+                continue
+            m = c.search(ln.message)
+            if m:
+                hits.append((c, m))
+        if any(not c.rule.fallback for c, _ in hits):
+            hits = [(c, m) for c, m in hits if not c.rule.fallback]
+        for c, m in hits:
+            events.append(_event(ln, c.rule, {k: v for k, v in m.groupdict().items()
+                                              if v is not None}, tc))
+    events.sort(key=Event.sort_key)
+    return events
+
+
+def _event(ln: Line, rule, caps: dict, tc: TimeContext) -> Event:
+    ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
+               source=ln.source, node=ln.node, rank=ln.rank, action=rule.action)
+    nh = nccl_host(ln.message)
+    if nh and "nccl_host" not in caps:
+        caps["nccl_host"], caps["nccl_dev"] = nh[0], str(nh[1])
+    if "rank" in caps and caps["rank"].isdigit():
+        ev.rank = int(caps["rank"])
+    if "pci" in caps:
+        ev.gpu = normalize_pci(caps["pci"])
+    if "peer" in caps:
+        ev.peer = caps["peer"]
+    if "pid" in caps and caps["pid"].strip("'").isdigit():
+        ev.pid = int(caps["pid"].strip("'"))
+    if rule.decode:
+        decode.DECODERS[rule.decode](ev, tc)
+    if ln.ts is not None:
+        ev.lo, ev.hi = ln.ts, ln.ts + ln.ts_res
+    elif ev.when is not None:
+        ev.lo, ev.hi = ev.when, ev.when + 1.0
+    else:
+        ev.lo = ln.after
+        ev.hi = None if ln.before is None else ln.before + 1.0
+    return ev
+
+
+# ============================================================================================
+# filter
+# ============================================================================================
+
+
+def filter_events(events: list[Event], bundle: Bundle, st: Settings,
+                  notes: Counter) -> list[Event]:
+    job = bundle.job
+    lo = job.start - st.window_before if job.start else None
+    hi = job.end + st.window_after if job.end else None
+    out, seen = [], set()
+    for ev in events:
+        if lo is not None and ev.hi is not None and ev.hi < lo:
+            notes[f"{ev.line.doc}: events before the job's time window ignored"] += 1
+            continue
+        if hi is not None and ev.lo is not None and ev.lo > hi:
+            notes[f"{ev.line.doc}: events after the job's time window ignored"] += 1
+            continue
+        if ev.source in (Source.kernel, Source.system):
+            # The same kernel line in journal.log and dmesg.txt of one node counts once.
+            key = (ev.node, ev.rule.id, ev.line.message, None if ev.lo is None else int(ev.lo))
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(ev)
+    return out
+
+
+# ============================================================================================
+# correlate
+# ============================================================================================
+
+
+@dataclass
+class Links:
+    rank_node: dict = field(default_factory=dict)
+    rank_gpu: dict = field(default_factory=dict)      # rank -> PCI address
+    node_gpu_index: dict = field(default_factory=dict)  # (node, cuda dev) -> PCI address
+    rank_exit: dict = field(default_factory=dict)     # rank -> (time, exit code)
+    host_node: dict = field(default_factory=dict)     # host name or IP -> node
+    pid_rank: dict = field(default_factory=dict)      # (node, pid) -> rank
+
+
+def _resolve_host(host: Optional[str], nodes: set) -> Optional[str]:
+    if not host:
+        return None
+    h = host.strip().strip("[]")
+    if "<" in h:
+        h = h.split("<", 1)[0]
+    if h in nodes:
+        return h
+    short = h.split(".")[0]
+    if short in nodes and not short.isdigit():
+        return short
+    return None
+
+
+def correlate(events: list[Event], bundle: Bundle) -> Links:
+    job = bundle.job
+    nodes = set(job.nodes) | set(bundle.node_dirs)
+    L = Links()
+    # Hosts named in NCCL line prefixes and torchelastic reports are nodes (or their FQDN).
+    for ev in events:
+        for h in (ev.caps.get("host"), ev.caps.get("nccl_host")):
+            n = _resolve_host(h, nodes)
+            if n:
+                L.host_node[h] = n
+    # rank -> node: a rank's line in a node folder, or a line whose prefix names the host.
+    votes: dict[int, Counter] = defaultdict(Counter)
+    for ev in events:
+        if ev.rank is None:
+            continue
+        n = ev.line.node or _resolve_host(ev.caps.get("host") or ev.caps.get("nccl_host"), nodes)
+        if n and ev.rule.decode != "childfailed":
+            votes[ev.rank][n] += 1
+        if ev.rule.decode == "childfailed":
+            n = _resolve_host(ev.caps.get("host"), nodes)
+            if n:
+                votes[ev.rank][n] += 10
+    for ev in events:                     # srun: error: <node>: tasks 32-35,37: ...
+        if ev.rule.decode == "srun_exit" and ev.caps.get("tasks"):
+            n = _resolve_host(ev.caps.get("node"), nodes)
+            for r in _ranks(ev.caps["tasks"]):
+                if n:
+                    votes[r][n] += 5
+    for r, c in votes.items():
+        L.rank_node[r] = sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+    if job.nodes and job.num_tasks and job.tasks_per_node and \
+            job.num_tasks == len(job.nodes) * job.tasks_per_node:
+        for r in range(job.num_tasks):   # block distribution, only where nothing else said
+            L.rank_node.setdefault(r, job.nodes[r // job.tasks_per_node])
+    # GPUs: NCCL's ncclCommInitRank line maps rank and CUDA device to a bus id.
+    for ev in events:
+        if ev.caps.get("busid") and ev.rank is not None:
+            pci = normalize_pci(_busid(ev.caps["busid"]))
+            L.rank_gpu[ev.rank] = pci
+            node = ev.line.node or L.rank_node.get(ev.rank)
+            if node and ev.caps.get("dev", "").isdigit():
+                L.node_gpu_index[(node, int(ev.caps["dev"]))] = pci
+    for ev in events:
+        if ev.rule.decode == "childfailed" and ev.rank is not None and ev.when is not None:
+            L.rank_exit[ev.rank] = (ev.when, ev.caps.get("exitcode"))
+    # Apply: fill node, GPU and time bounds that a single line could not know.
+    for ev in events:
+        if ev.node is None:
+            n = _resolve_host(ev.caps.get("node"), nodes) or \
+                _resolve_host(ev.caps.get("nccl_host"), nodes)
+            if n is None and ev.rank is not None:
+                n = L.rank_node.get(ev.rank)
+            ev.node = n
+        if ev.gpu is None and ev.source == Source.stderr and ev.category in (
+                Category.cuda_oom, Category.gpu_hardware, Category.gpu_memory_ecc,
+                Category.nvlink):
+            if ev.caps.get("gpu_index", "").isdigit() and ev.node:
+                ev.gpu = L.node_gpu_index.get((ev.node, int(ev.caps["gpu_index"])))
+            if ev.gpu is None and ev.rank is not None:
+                ev.gpu = L.rank_gpu.get(ev.rank)
+        if ev.peer:
+            n = _resolve_host(ev.peer, nodes) or L.host_node.get(ev.peer.split("<")[0])
+            if n:
+                ev.tags.add(f"points_at:{n}")
+        if ev.rank is not None and ev.rank in L.rank_exit and ev.source == Source.stderr:
+            t = L.rank_exit[ev.rank][0] + 1.0
+            # A rank's own error came before that rank's process exited.
+            if ev.hi is None or ev.hi > t:
+                ev.hi = t
+    return L
+
+
+def _busid(b: str) -> str:
+    b = b.lower()
+    if ":" in b:
+        return b
+    b = b.rjust(5, "0")        # NCCL prints busId 4e000 = bus 4e, device 00, function 0
+    return f"{b[:-3]}:{b[-3:-1]}.{b[-1]}"
+
+
+def _ranks(spec: str) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            if a.isdigit() and b.isdigit() and int(b) - int(a) < 100_000:
+                out.extend(range(int(a), int(b) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+    return out
+
+
+# ============================================================================================
+# refine
+# ============================================================================================
+
+
+def precedes(a: Event, b: Event, skew: float = 0.0) -> bool:
+    """True when a is known to have happened before b."""
+    if a.line.doc == b.line.doc:
+        return a.line.offset < b.line.offset or (
+            a.line.offset == b.line.offset and a.line.line is not None and False)
+    if a.hi is None or b.lo is None:
+        return False
+    tol = skew if (a.node != b.node) else 0.0
+    return a.hi + tol <= b.lo
+
+
+def _earliest(events: list[Event], skew: float) -> Event:
+    """An event no other one is known to precede (first in input order among those)."""
+    for e in events:
+        if not any(precedes(o, e, skew) for o in events if o is not e):
+            return e
+    return events[0]
+
+
+def _group(family: str) -> str:
+    """A GPU's own faults and its NVLink faults are one incident: a lost GPU takes its links
+    down, and a link fault surfaces as GPU errors."""
+    return "gpu" if family == "nvlink" else family
+
+
+def _joins(ev: Event, inc: Incident) -> bool:
+    fam = _group(FAMILY[ev.category])
+    if fam == inc.family:
+        return True
+    # CUDA / GPU-level errors a rank sees are explained by a GPU incident on its node.
+    return inc.family == "gpu" and ev.rule.id.split(".")[0] in ("cuda", "gpu")
+
+
+def build_incidents(events: list[Event], skew: float) -> list[Incident]:
+    roots = [e for e in events if e.role == Role.root and e.category is not None
+             and e.category not in TERMINATORS]
+    strong = [e for e in roots if e.category in INFRASTRUCTURE and e.source in TRUSTED
+              and not e.weak]
+    incidents: dict[tuple, Incident] = {}
+    for e in strong:
+        key = (e.node, _group(FAMILY[e.category]))
+        inc = incidents.setdefault(key, Incident(e.node, _group(FAMILY[e.category]), tier=3))
+        inc.events.append(e)
+    # Program-side errors join the incident on their node that explains them.
+    for e in roots:
+        if e in strong:
+            continue
+        target = None
+        for (node, fam), inc in sorted(incidents.items(), key=lambda kv: str(kv[0])):
+            if inc.tier == 3 and _joins(e, inc) and (node == e.node or (
+                    e.node is None and e.category == inc.category)):
+                target = inc
+                break
+        if target is None:
+            key = (e.node, e.category.value)
+            target = incidents.setdefault(key, Incident(e.node, _group(FAMILY[e.category]),
+                                                        tier=2))
+        target.events.append(e)
+    out = []
+    for inc in incidents.values():
+        timed = [e for e in inc.events if e.lo is not None or e.hi is not None]
+        inc.timed = bool(timed)
+        first = _earliest(timed or inc.events, skew)
+        inc.events.sort(key=lambda e: (e is not first, not (e.role == Role.root), e.lo or 0,
+                                       e.sort_key()))
+        out.append(inc)
+    out.sort(key=lambda i: (str(i.node), i.family, i.first.sort_key()))
+    return out
+
+
+def _incident_before(a: Incident, b: Incident, skew: float) -> bool:
+    return precedes(a.first, b.first, skew)
+
+
+PROGRAM = {Category.application_error, Category.cuda_oom}
+
+
+def select(incidents: list[Incident], terminator: Optional[Event], skew: float):
+    """Returns (winners, demoted). One winner: attributed; several: ambiguous."""
+    live = list(incidents)
+    demoted: list[Incident] = []
+    if terminator is not None:
+        keep = []
+        for inc in live:
+            if precedes(inc.first, terminator, skew):
+                keep.append(inc)
+            else:
+                for e in inc.events:
+                    e.tags.add("teardown")
+                    e.why = "after the scheduler ended the job"
+                demoted.append(inc)
+        live = keep
+        if not live:
+            return [], demoted
+    # The untimed snapshot facts (nvidia-smi, ibstat) cannot be ordered: they count only when
+    # no timed incident exists.
+    timed = [i for i in live if i.timed]
+    if timed and len(timed) < len(live):
+        demoted += [i for i in live if not i.timed]
+        live = timed
+    minimal = [i for i in live if not any(_incident_before(o, i, skew)
+                                          for o in live if o is not i)]
+    later = [i for i in live if i not in minimal]
+    demoted += later
+    if len(minimal) > 1 and any(i.tier == 3 for i in minimal):
+        # A hardware incident explains program-side errors elsewhere that cannot be ordered
+        # against it, except plain program bugs (an exception, a CUDA OOM) that no hardware
+        # fault produces.
+        keep = [i for i in minimal if i.tier == 3 or i.category in PROGRAM]
+        demoted += [i for i in minimal if i not in keep]
+        minimal = keep
+    return minimal, demoted
+
+
+# ============================================================================================
+# verdict
+# ============================================================================================
+
+
+def _cause(inc: Incident, links: Links) -> tuple[str, Action]:
+    cat = inc.category
+    node = inc.node or "the node"
+    gpu = inc.gpu
+    g = f" GPU {gpu}" if gpu else ""
+    details = [e.detail for e in inc.events if e.role == Role.root and e.detail]
+    recovery = sorted({t for e in inc.events for t in e.tags if t.startswith("recovery")})
+    if cat == Category.gpu_hardware:
+        lost = any("device_lost" in e.tags for e in inc.events)
+        if lost or "recovery2" in recovery:
+            return (f"drain {node}; reboot it and check{g} (fell off the bus / needs reboot); "
+                    "replace the GPU or its slot if it recurs", Action.reboot_node)
+        return f"drain {node}; reset{g} and run DCGM diagnostics (dcgmi diag -r 3)", \
+            Action.reset_gpu
+    if cat == Category.gpu_memory_ecc:
+        return (f"drain {node}; reset{g} to apply row remapping; replace the GPU if "
+                "remapping failed or errors recur", Action.drain_node)
+    if cat in (Category.nvlink, Category.nvswitch_fabric):
+        d = f" ({details[0]})" if details else ""
+        return f"drain {node}; reset{g} and inspect its NVLink{d}", Action.inspect_nvlink
+    if cat == Category.pcie:
+        return f"drain {node}; check PCIe link of{g} (reseat, riser, slot)", Action.drain_node
+    if cat == Category.thermal_power:
+        return f"check cooling and power of {node}{g}", Action.check_cooling_power
+    if cat == Category.network_ib:
+        return (f"drain {node}; check the cable, transceiver and switch port of the failed "
+                "network link", Action.inspect_network_link)
+    if cat == Category.network_config:
+        return f"fix the network configuration on {node} (interface, GID, RDMA settings)", \
+            Action.fix_network_config
+    if cat == Category.host_oom:
+        r = f" (rank {inc.rank(links)})" if inc.rank(links) is not None else ""
+        return (f"the job ran out of host memory on {node}{r}: request more memory (--mem) "
+                "or reduce host memory use (dataloader workers, pinned memory)",
+                Action.reduce_host_memory)
+    if cat == Category.cuda_oom:
+        r = f"rank {inc.rank(links)}" if inc.rank(links) is not None else node
+        return (f"reduce GPU memory use on {r} (batch size, sequence length, activation "
+                "checkpointing) or use more GPUs", Action.reduce_gpu_memory)
+    if cat == Category.application_error:
+        r = f"rank {inc.rank(links)} on {node}" if inc.rank(links) is not None else node
+        return f"fix the error raised by {r} (see the evidence) and resubmit", \
+            Action.fix_application
+    if cat == Category.software_incompat:
+        return (f"drain {node}; make its driver / CUDA / library versions consistent (reload "
+                "the NVIDIA module or reboot after driver updates)", Action.fix_software)
+    if cat == Category.storage_io:
+        return (f"check the filesystem seen from {node} (server, OSTs, client eviction); "
+                "resubmit from the last good checkpoint", Action.check_storage)
+    if cat == Category.scheduler_node_failure:
+        return (f"check {node} (Slurm marked it down); resubmit, excluding it until it is "
+                "healthy", Action.drain_node)
+    if cat == Category.scheduler_timelimit:
+        return "resubmit with a longer --time, or checkpoint more often", \
+            Action.extend_time_limit
+    if cat == Category.scheduler_preemption:
+        return "none needed: the job was preempted by a higher-priority job", Action.resubmit
+    if cat == Category.scheduler_cancelled:
+        return "none needed: the job was cancelled (scancel)", Action.none
+    return "inspect the evidence", Action.contact_support
+
+
+def _summary(inc: Incident) -> str:
+    e = inc.first
+    s = _explain(e)
+    return s
+
+
+def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None,
+             engine_version: str = "0") -> Diagnosis:
+    st = settings or Settings()
+    job = bundle.job
+    tc = TimeContext(job.start or job.end, st.utc_offset)
+    notes: Counter = Counter()
+
+    lines = sorted(bundle.lines, key=lambda ln: (ln.doc, ln.offset, ln.line or 0, ln.message))
+    events = extract(lines, rules, tc, notes)
+    events = filter_events(events, bundle, st, notes)
+    links = correlate(events, bundle)
+
+    # Xid 45 (channel teardown) is a root only when it is the node's only Xid.
+    xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"
+                        and "channel_teardown" not in e.tags)
+    for e in events:
+        if "channel_teardown" in e.tags and not xid_nodes.get(e.node):
+            e.role = Role.context
+
+    terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS]
+    terminator = _earliest(terminators, st.clock_skew) if terminators else None
+    incidents = build_incidents(events, st.clock_skew)
+    winners, demoted = select(incidents, terminator, st.clock_skew)
+
+    if not winners and terminator is None and not incidents:
+        # The scheduler's own record of a time limit / preemption / cancel, with no banner.
+        recs = [e for e in events if e.category in TERMINATORS and e.source == Source.scheduler
+                and e.role == Role.confirmation]
+        if recs:
+            terminator = recs[0]
+            terminator.role = Role.root
+
+    if len(winners) == 1:
+        outcome = Outcome.attributed
+    elif len(winners) > 1:
+        outcome = Outcome.ambiguous
+    elif terminator is not None:
+        outcome = Outcome.attributed
+        term = Incident(None, FAMILY[terminator.category], [terminator], tier=3)
+        for e in events:
+            if e.category == terminator.category and e is not terminator:
+                term.events.append(e)
+        winners = [term]
+    else:
+        outcome = Outcome.unattributed
+
+    return _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
+                     engine_version)
+
+
+# ============================================================================================
+# assembling the diagnosis
+# ============================================================================================
+
+
+def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
+              engine_version) -> Diagnosis:
+    job = bundle.job
+    root_events = {id(e) for inc in winners for e in inc.events}
+    win_first = [inc.first for inc in winners]
+    # Roles as reported: the winners' events stay root/confirmation; everything else that
+    # claimed to be a root is a symptom of the winner.
+    for inc in demoted:
+        for e in inc.events:
+            if id(e) not in root_events:
+                e.role = Role.symptom
+    for inc in winners:
+        for e in inc.events:
+            if e is not inc.first and e.role == Role.root:
+                e.role = Role.confirmation
+
+    # Evidence ids: deterministic order (winners first, then by kind and position).
+    chosen: list[Event] = []
+    for inc in winners:
+        chosen.extend(inc.events[:MAX_INCIDENT_EVIDENCE])
+    groups: dict[tuple, list[Event]] = defaultdict(list)
+    for e in events:
+        if id(e) in root_events or e.role == Role.context:
+            continue
+        groups[(e.rule.id, e.category.value if e.category else "")].append(e)
+    group_keys = sorted(groups, key=lambda k: (min(_t(e) for e in groups[k]), k))
+    for k in group_keys:
+        g = sorted(groups[k], key=lambda e: (_t(e), e.sort_key()))
+        chosen.extend(g[:MAX_EVIDENCE_PER_GROUP])
+    seen = set()
+    ordered = []
+    for e in chosen:
+        if id(e) not in seen:
+            seen.add(id(e))
+            ordered.append(e)
+    for i, e in enumerate(ordered, 1):
+        e.id = f"e{i}"
+    root_id = win_first[0].id if outcome == Outcome.attributed else None
+    evidence = []
+    for e in ordered:
+        evidence.append(Evidence(
+            id=e.id, role=e.role, source=e.source, node=e.node, path=e.line.doc,
+            line=e.line.line, timestamp=iso_utc(e.lo) if e.line.ts is not None or
+            e.when is not None else None,
+            text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
+            category=e.category, offset=e.line.offset if e.line.line is None else None,
+            cursor=e.line.cursor, root=root_id if e.id != root_id else None))
+
+    causes = []
+    for inc in winners:
+        text, code = _cause(inc, links)
+        ev_ids = [e.id for e in inc.events if e.id]
+        causes.append(Cause(category=inc.category, node=inc.node, gpu=inc.gpu,
+                            rank=inc.rank(links), summary=_summary(inc),
+                            first_seen=iso_utc(inc.first.lo) if inc.first.lo else None,
+                            evidence=ev_ids, rule=inc.first.rule.id, action=text,
+                            action_code=code))
+
+    symptoms = []
+    for k in group_keys:
+        g = sorted(groups[k], key=lambda e: (_t(e), e.sort_key()))
+        if all(e.role == Role.context for e in g):
+            continue
+        nodes = sorted({e.node for e in g if e.node})
+        ranks = sorted({e.rank for e in g if e.rank is not None})
+        first = g[0]
+        symptoms.append(Symptom(
+            category=k[1] or first.rule.id.split(".")[0], node=first.node, rank=first.rank,
+            summary=first.rule.title + (" (after the job was ended by the scheduler)"
+                                        if all("teardown" in e.tags for e in g) else ""),
+            evidence=[e.id for e in g if e.id], count=len(g), nodes=nodes, ranks=ranks,
+            rule=first.rule.id))
+
+    affected = sorted({e.node for e in events if e.node and e.role != Role.context})
+    completeness = _completeness(bundle, events, notes, winners)
+    if outcome == Outcome.attributed:
+        root = causes[0]
+        action, action_code = root.action, root.action_code
+        explanation = _explain_attributed(root, winners[0], symptoms)
+        cands = []
+    elif outcome == Outcome.ambiguous:
+        root = None
+        cands = causes
+        action = "inspect each candidate: " + "; ".join(
+            f"{c.category.value} on {c.node or '?'}" for c in causes)
+        action_code = Action.contact_support
+        explanation = ("Several causes fit and their order cannot be established from the "
+                       "timestamps: " + "; ".join(c.summary for c in causes))
+    else:
+        root, cands = None, []
+        miss = completeness.missing[:6]
+        action = ("nothing in the evidence supports a cause; collect the missing evidence"
+                  + (f" ({', '.join(miss)})" if miss else "")
+                  + " and check for a hang (NCCL RAS, py-spy dumps)")
+        action_code = Action.collect_evidence
+        explanation = "No root cause is supported by the evidence." + (
+            f" Seen: {symptoms[0].count} x {symptoms[0].summary}." if symptoms else "")
+    order_note = None
+    if outcome == Outcome.ambiguous:
+        order_note = ("timestamps of the candidates overlap at their resolution; the order "
+                      "between them is unknown")
+    return Diagnosis(
+        job_id=job.job_id, restart=job.restart, outcome=outcome, root_cause=root,
+        candidates=cands, affected_nodes=affected, symptoms=symptoms, evidence=evidence,
+        completeness=completeness, action=action, action_code=action_code,
+        explanation=explanation, order_note=order_note,
+        job=JobSummary(cluster=job.cluster, name=job.name, user=job.user,
+                       partition=job.partition, state=job.state, reason=job.reason,
+                       exit_code=job.exit_code, start=iso_utc(job.start),
+                       end=iso_utc(job.end), nodes=list(job.nodes)),
+        rules_version=rules.version, engine_version=engine_version)
+
+
+def _t(e: Event) -> float:
+    return e.lo if e.lo is not None else (e.hi if e.hi is not None else float("inf"))
+
+
+def _explain_attributed(root: Cause, inc: Incident, symptoms: list[Symptom]) -> str:
+    n = sum(s.count for s in symptoms)
+    where = f" on {root.node}" if root.node else ""
+    s = f"{root.category.value}{where}: {root.summary}."
+    if n:
+        s += f" {n} other error lines are downstream of it."
+    return s
+
+
+def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completeness:
+    job = bundle.job
+    nodes = sorted(set(job.nodes) | set(bundle.node_dirs) |
+                   {e.node for e in events if e.node and e.node in set(job.nodes)})
+    have: dict[str, set] = defaultdict(set)
+    job_level_output = False
+    for d in bundle.documents:
+        kind = d.kind
+        src = ("kernel" if kind in ("kernel_log", "journal_json") else
+               "gpu" if kind.startswith("nvidia_smi") else
+               "output" if kind == "rank_output" else
+               "ib" if kind == "ibstat" else "dcgm" if kind == "dcgm" else
+               "probe" if kind == "probe" else None)
+        if src is None:
+            continue
+        if d.node:
+            have[d.node].add(src)
+        elif src == "output":
+            job_level_output = True
+    present, missing = [], []
+    for n in nodes:
+        for src in ("kernel", "gpu", "output", "ib", "dcgm"):
+            tag = f"{src}:{n}"
+            if src in have[n]:
+                present.append(tag)
+            elif src in ("kernel", "gpu") or (src == "output" and not job_level_output):
+                missing.append(tag)
+    if job_level_output:
+        present.append("output:job")
+    if any(d.source == Source.scheduler for d in bundle.documents):
+        present.append("scheduler:job")
+    else:
+        missing.append("scheduler:job")
+    probe_fail = [e for e in events if e.source == Source.probe]
+    for e in probe_fail:
+        tag = f"{e.caps.get('probe', 'probe')}:{e.node}"
+        if tag not in missing:
+            missing.append(tag)
+    extra = list(bundle.notes)
+    for d in bundle.documents:
+        extra += [f"{d.path}: {x}" for x in d.notes]
+    for k, v in sorted(notes.items()):
+        extra.append(f"{k} ({v})" if v > 1 else k)
+    if not job.start:
+        extra.append("no job start time: events were not filtered by the job's time window")
+    return Completeness(present=sorted(present), missing=sorted(missing), notes=extra[:200])
+
+
+def hosts_short(nodes: list[str]) -> str:
+    return compress(nodes)

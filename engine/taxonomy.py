@@ -1,0 +1,99 @@
+"""Closed vocabularies shared by rules, the pipeline and the diagnosis.
+
+`Category` is the contract list (../shared/spec/CONTRACT.md §3); scoring and dashboards depend on
+these exact strings. The others are ours, but closed: a rule file naming a value outside them fails
+validation.
+"""
+from enum import Enum
+
+
+class Category(str, Enum):
+    gpu_hardware = "gpu_hardware"
+    gpu_memory_ecc = "gpu_memory_ecc"
+    pcie = "pcie"
+    thermal_power = "thermal_power"
+    nvlink = "nvlink"
+    nvswitch_fabric = "nvswitch_fabric"
+    network_ib = "network_ib"
+    network_config = "network_config"
+    application_error = "application_error"
+    cuda_oom = "cuda_oom"
+    host_oom = "host_oom"
+    software_incompat = "software_incompat"
+    storage_io = "storage_io"
+    scheduler_timelimit = "scheduler_timelimit"
+    scheduler_node_failure = "scheduler_node_failure"
+    scheduler_preemption = "scheduler_preemption"
+    scheduler_cancelled = "scheduler_cancelled"
+
+
+FAMILY = {
+    Category.gpu_hardware: "gpu", Category.gpu_memory_ecc: "gpu", Category.pcie: "gpu",
+    Category.thermal_power: "gpu",
+    Category.nvlink: "nvlink", Category.nvswitch_fabric: "nvlink",
+    Category.network_ib: "network", Category.network_config: "network",
+    Category.application_error: "workload", Category.cuda_oom: "workload",
+    Category.host_oom: "workload", Category.software_incompat: "workload",
+    Category.storage_io: "storage",
+    Category.scheduler_timelimit: "scheduler", Category.scheduler_node_failure: "scheduler",
+    Category.scheduler_preemption: "scheduler", Category.scheduler_cancelled: "scheduler",
+}
+
+# Categories that end a job by decision of the scheduler rather than by a fault. Events after
+# one of these are teardown; the terminator is the cause only when no fault came before it.
+TERMINATORS = {Category.scheduler_timelimit, Category.scheduler_preemption,
+               Category.scheduler_cancelled}
+
+# Categories whose events are facts about the machine (a GPU, link, port, memory, filesystem)
+# rather than about the user's program. They beat the program-side cascades they cause.
+INFRASTRUCTURE = {Category.gpu_hardware, Category.gpu_memory_ecc, Category.pcie,
+                  Category.thermal_power, Category.nvlink, Category.nvswitch_fabric,
+                  Category.network_ib, Category.network_config, Category.storage_io,
+                  Category.host_oom, Category.software_incompat,
+                  Category.scheduler_node_failure}
+
+
+class Role(str, Enum):
+    root = "root"                  # the line names a failing thing: a root-cause candidate
+    symptom = "symptom"            # a consequence of something earlier or elsewhere
+    confirmation = "confirmation"  # corroborates a root (same node/GPU), never a root alone
+    context = "context"            # locator or metadata (rank <-> host <-> GPU, progress counters)
+
+
+class Source(str, Enum):
+    """Where a line came from. Trust follows the source, never the text."""
+    kernel = "kernel"        # kernel ring buffer: journal _TRANSPORT=kernel, dmesg, kern.log
+    system = "system"        # other system-log lines written by root daemons (networkd, slurmd)
+    gpu = "gpu"              # nvidia-smi / NVML snapshot
+    dcgm = "dcgm"            # dcgmi health / diag / stats
+    ib = "ib"                # ibstat, sysfs port state and counters
+    scheduler = "scheduler"  # scontrol, sacct, slurmctld log, slurmstepd/srun lines
+    stderr = "stderr"        # rank output: written by the user's program, never trusted as kernel
+    probe = "probe"          # sattrib's own probes (a probe that failed or timed out)
+
+
+class Action(str, Enum):
+    """Closed set of recommended actions (after gpud's repair actions and NVIDIA's buckets)."""
+    none = "none"
+    resubmit = "resubmit"                    # transient or scheduler-driven: run the job again
+    fix_application = "fix_application"      # a bug or bad input on the user side
+    reduce_gpu_memory = "reduce_gpu_memory"
+    reduce_host_memory = "reduce_host_memory"
+    extend_time_limit = "extend_time_limit"
+    reset_gpu = "reset_gpu"
+    reboot_node = "reboot_node"
+    drain_node = "drain_node"                # take the node out of service and inspect it
+    inspect_nvlink = "inspect_nvlink"
+    inspect_network_link = "inspect_network_link"
+    fix_network_config = "fix_network_config"
+    check_storage = "check_storage"
+    fix_software = "fix_software"            # driver / library / firmware mismatch
+    check_cooling_power = "check_cooling_power"
+    collect_evidence = "collect_evidence"    # nothing conclusive: collect what was missing
+    contact_support = "contact_support"
+
+
+class Outcome(str, Enum):
+    attributed = "attributed"
+    ambiguous = "ambiguous"
+    unattributed = "unattributed"

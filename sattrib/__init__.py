@@ -1,0 +1,2 @@
+"""sattrib: Slurm-native fault attribution for distributed GPU jobs."""
+__version__ = "0.1.0"

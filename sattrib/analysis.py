@@ -1,0 +1,33 @@
+"""Composition: read an evidence folder with the collectors, run the pipeline on it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from . import __version__
+from .errors import UserError
+
+
+def load_rules(extra_dirs=()):
+    from .engine.rules import RuleError, load_rules as _load
+    try:
+        return _load([Path(d) for d in extra_dirs])
+    except RuleError as e:
+        raise UserError(f"invalid rule: {e}", "run `sattrib rules test DIR` to check site rules")
+
+
+def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None):
+    """Evidence folder -> (Diagnosis, Bundle)."""
+    from .collectors.evidence_folder import FolderReader
+    from .engine.pipeline import Settings, diagnose
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no such folder: {path}", "give the evidence folder (CONTRACT layout)")
+    if not path.is_dir() or path.is_symlink():
+        raise UserError(f"not a folder: {path}", "give the evidence folder, not a file")
+    rules = rules or load_rules()
+    settings = settings or Settings()
+    reader = FolderReader(rules, limits=limits, utc_offset=settings.utc_offset, owner=owner)
+    bundle = reader.read(path)
+    return diagnose(bundle, rules, settings, engine_version=__version__), bundle
