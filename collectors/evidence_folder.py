@@ -13,7 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Union
 
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
@@ -90,11 +90,13 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
 
 
 class FolderReader:
-    def __init__(self, rules: RuleSet, limits: Optional[Limits] = None, utc_offset: int = 0,
+    def __init__(self, rules: RuleSet, limits: Optional[Limits] = None,
+                 utc_offset: Union[int, Callable[[Optional[float]], int]] = 0,
                  owner: Optional[int] = None):
         self.rules = rules
         self.lim = limits or Limits()
         self.utc_offset = utc_offset
+        self.offset = 0
         self.owner = owner
         self.lit_rules = rules.literal_rules
         self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
@@ -108,8 +110,16 @@ class FolderReader:
         slurm_files = [(p, r) for p, r in top if r.startswith("slurm/")]
         other = [(p, r) for p, r in top if not r.startswith("slurm/") and r != "expected.json"]
         bundle.job = self._job(slurm_files, bundle)
+        offset = self.utc_offset
+        if callable(offset):
+            # A named zone: its offset at the job's start (scontrol prints local time).
+            offset = offset(bundle.job.start or bundle.job.end)
+            for f in ("start", "end"):
+                if getattr(bundle.job, f) is not None:
+                    setattr(bundle.job, f, getattr(bundle.job, f) - offset)
+        self.offset = offset
         ref = bundle.job.start or bundle.job.end or self._reference(other)
-        tc = TimeContext(ref, self.utc_offset)
+        tc = TimeContext(ref, offset)
         try:
             bundle.node_dirs = sorted(e.name for e in os.scandir(root)
                                       if e.is_dir(follow_symlinks=False)
@@ -155,7 +165,7 @@ class FolderReader:
 
     def _reference(self, files) -> Optional[float]:
         """No job record: take the first full timestamp found at the head of any file."""
-        tc = TimeContext(None, self.utc_offset)
+        tc = TimeContext(None, self.offset)
         for path, rel in files:
             try:
                 fd, _ = open_regular(str(path), owner=self.owner)

@@ -26,6 +26,7 @@ from typing import Iterable, Optional
 from . import decode
 from .decode import Event, normalize_pci
 from .hostlist import compress
+from .xid import meaning as xid_meaning
 from .lineparse import TimeContext, iso_utc, nccl_host
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Line,
                      Symptom)
@@ -599,8 +600,12 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
     for e in events:
         if id(e) in root_events or e.role == Role.context:
             continue
-        groups[(e.rule.id, e.category.value if e.category else "")].append(e)
-    group_keys = sorted(groups, key=lambda k: (min(_t(e) for e in groups[k]), k))
+        groups[(e.rule.id, e.category.value if e.category else "", e.caps.get("xid", ""))
+               ].append(e)
+    # Widest first: the errors most ranks saw lead, as a person reading the logs would meet them.
+    group_keys = sorted(groups, key=lambda k: (
+        -len({e.rank for e in groups[k] if e.rank is not None} or
+             {e.node for e in groups[k] if e.node}), min(_t(e) for e in groups[k]), k))
     for k in group_keys:
         g = sorted(groups[k], key=lambda e: (_t(e), e.sort_key()))
         chosen.extend(g[:MAX_EVIDENCE_PER_GROUP])
@@ -641,10 +646,13 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
         nodes = sorted({e.node for e in g if e.node})
         ranks = sorted({e.rank for e in g if e.rank is not None})
         first = g[0]
+        title = first.rule.title
+        if k[2]:
+            title = f"Xid {k[2]} ({xid_meaning(int(k[2]))})"
         symptoms.append(Symptom(
             category=k[1] or first.rule.id.split(".")[0], node=first.node, rank=first.rank,
-            summary=first.rule.title + (" (after the job was ended by the scheduler)"
-                                        if all("teardown" in e.tags for e in g) else ""),
+            summary=title + (" (after the job was ended by the scheduler)"
+                             if all("teardown" in e.tags for e in g) else ""),
             evidence=[e.id for e in g if e.id], count=len(g), nodes=nodes, ranks=ranks,
             rule=first.rule.id))
 

@@ -260,3 +260,8 @@ def classify(code: int, body: str) -> XidVerdict:
 def mnemonic(code: int) -> str:
     info = catalog()[0].get(code)
     return info.mnemonic if info else f"XID_{code}"
+
+
+def meaning(code: int) -> str:
+    info = catalog()[0].get(code)
+    return info.meaning if info else "not in the catalog"

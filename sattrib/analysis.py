@@ -16,7 +16,8 @@ def load_rules(extra_dirs=()):
         raise UserError(f"invalid rule: {e}", "run `sattrib rules test DIR` to check site rules")
 
 
-def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None):
+def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None,
+                   timezone: str = "UTC"):
     """Evidence folder -> (Diagnosis, Bundle)."""
     from .collectors.evidence_folder import FolderReader
     from .engine.pipeline import Settings, diagnose
@@ -28,6 +29,12 @@ def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Op
         raise UserError(f"not a folder: {path}", "give the evidence folder, not a file")
     rules = rules or load_rules()
     settings = settings or Settings()
-    reader = FolderReader(rules, limits=limits, utc_offset=settings.utc_offset, owner=owner)
+    offset = 0
+    if timezone.upper() not in ("UTC", "Z", ""):
+        from .config import utc_offset
+        utc_offset(timezone, 0)             # validates the name early, with a clear error
+        offset = lambda at: utc_offset(timezone, at)  # noqa: E731
+    reader = FolderReader(rules, limits=limits, utc_offset=offset, owner=owner)
     bundle = reader.read(path)
+    settings.utc_offset = reader.offset
     return diagnose(bundle, rules, settings, engine_version=__version__), bundle

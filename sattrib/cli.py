@@ -1,18 +1,257 @@
-"""sattrib command line (temporary minimal version)."""
+"""sattrib command line. `sattrib 12345` is `sattrib show 12345`.
+
+Imports are lazy: `sattrib <jobid>` is typed by people and must answer at once.
+"""
+from __future__ import annotations
+
+import re
 import sys
-import click
+import traceback
 from pathlib import Path
 
+import click
 
-@click.group()
-def main():
-    pass
+from . import __version__
+from .errors import UserError
+
+JOBID = re.compile(r"^\d+(?:[_+.]\d+)*$")
 
 
-@main.command()
+class DefaultShow(click.Group):
+    """A group whose first argument may be a job id: `sattrib 123` -> `sattrib show 123`."""
+
+    def resolve_command(self, ctx, args):
+        if args and JOBID.match(args[0]) and args[0] not in self.commands:
+            args = ["show", *args]
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            click.echo(f"sattrib: error: {e.message}", err=True)
+            if e.hint:
+                click.echo(f"hint: {e.hint}", err=True)
+            ctx.exit(1)
+
+
+def _settings(ctx, **flags):
+    from .config import load
+    loaded = load(flags={k: v for k, v in flags.items() if v is not None},
+                  path=ctx.obj.get("config"))
+    return loaded
+
+
+EPILOG_MAIN = """\b
+Examples:
+  sattrib 4417902                 diagnosis of job 4417902 (like seff)
+  sattrib analyze ./evidence      analyse an evidence folder you collected
+  sattrib demo                    run the built-in demo job and store its diagnosis
+  sattrib rules list              the failure patterns sattrib knows
+"""
+
+
+@click.group(cls=DefaultShow, epilog=EPILOG_MAIN, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sattrib")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="Config file (default /etc/sattrib/sattrib.toml, or $SATTRIB_CONFIG).")
+@click.pass_context
+def main(ctx, debug, config_path):
+    """Slurm-native fault attribution for distributed GPU jobs.
+
+    Finds the one GPU, link, node or rank that broke a failed job, separates it from the
+    NCCL/PyTorch errors it caused on every other rank, and shows the evidence lines."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    ctx.obj["config"] = config_path
+
+
+def _analysis_settings(st):
+    from .engine.pipeline import Settings
+    return Settings(window_before=st.window_before_s, window_after=st.window_after_s,
+                    clock_skew=st.clock_skew_s)
+
+
+def _limits(st):
+    from .collectors.reader import Limits
+    return Limits(file_cap=st.file_cap_mb << 20, max_hits=st.max_hits_per_file)
+
+
+def _emit(d, as_json: bool):
+    if as_json:
+        click.echo(d.model_dump_json(indent=2) if hasattr(d, "model_dump_json") else
+                   __import__("json").dumps(d, indent=2, sort_keys=False))
+    else:
+        from .render import render
+        click.echo(render(d.model_dump(mode="json") if hasattr(d, "model_dump") else d))
+
+
+@main.command(epilog="""\b
+Examples:
+  sattrib analyze ./job-4417902
+  sattrib analyze ./job-4417902 --json > diagnosis.json
+  sattrib analyze ./job-4417902 --store --cluster alps
+""")
 @click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON (CONTRACT §2).")
+@click.option("--store", is_flag=True, help="Also write the diagnosis to the database.")
+@click.option("--cluster", help="Cluster name stored with the diagnosis.")
+@click.option("--database", help="Database file (with --store).")
+@click.option("--rules-dir", "rules_dirs", multiple=True, help="Extra rules folder (repeatable).")
+@click.pass_context
+def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
+    """Diagnose a failed job from an evidence folder.
+
+    FOLDER holds slurm/ (scontrol/sacct output), logs/ (job output) and one folder per node
+    (kernel log, nvidia-smi, rank output). Files are recognised by content."""
+    from .analysis import analyze_folder, load_rules
+    loaded = _settings(ctx, cluster=cluster, database=database,
+                       rules_dirs=list(rules_dirs) or None)
+    st = loaded.settings
+    rules = load_rules(st.rules_dirs)
+    d, _ = analyze_folder(folder, settings=_analysis_settings(st), rules=rules,
+                          limits=_limits(st), timezone=st.timezone)
+    if store:
+        from .store import open_store
+        open_store(st.database).upsert(d, st.cluster)
+    _emit(d, as_json)
+
+
+@main.command(epilog="""\b
+Examples:
+  sattrib show 4417902
+  sattrib 4417902 --json
+  sattrib 4417902 --restart 1
+""")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
+@click.option("--cluster", help="Only this cluster's diagnosis.")
+@click.option("--restart", type=int, help="Which run of a requeued job (default: all).")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def show(ctx, job_id, as_json, cluster, restart, database):
+    """Show the stored diagnosis of a job (what `sattrib JOBID` runs)."""
+    from .store import open_store
+    st = _settings(ctx, database=database).settings
+    rows = open_store(st.database, readonly=True).find(job_id, cluster, restart)
+    if not rows:
+        raise UserError(f"no diagnosis for job {job_id} in {st.database}",
+                        f"run `sattrib collect {job_id}` on the controller, or "
+                        "`sattrib analyze DIR --store` on an evidence folder")
+    if as_json:
+        import json
+        docs = [r["diagnosis"] for r in rows]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        return
+    from .render import render
+    for i, r in enumerate(rows):
+        if i:
+            click.echo()
+        click.echo(render(r["diagnosis"]))
+
+
+@main.group()
+def rules():
+    """List and test failure rules (built-in and site rules)."""
+
+
+@rules.command("list", epilog="""\b
+Examples:
+  sattrib rules list
+  sattrib rules list --json | jq '.[].id'
+""")
 @click.option("--json", "as_json", is_flag=True)
-def analyze(folder, as_json):
-    from .analysis import analyze_folder
-    d, _ = analyze_folder(folder)
-    click.echo(d.model_dump_json(indent=2))
+@click.option("--rules-dir", "rules_dirs", multiple=True, help="Extra rules folder.")
+@click.pass_context
+def rules_list(ctx, as_json, rules_dirs):
+    """List every loaded rule: id, role, category, source and title."""
+    from .analysis import load_rules
+    st = _settings(ctx.find_root(), rules_dirs=list(rules_dirs) or None).settings
+    rs = load_rules(st.rules_dirs)
+    if as_json:
+        import json
+        click.echo(json.dumps([{"id": c.rule.id, "title": c.rule.title, "role": c.rule.role.value,
+                                "category": c.rule.category.value if c.rule.category else None,
+                                "source": [s.value for s in c.rule.source], "file": c.path}
+                               for c in rs.rules], indent=2))
+        return
+    for c in rs.rules:
+        cat = c.rule.category.value if c.rule.category else "-"
+        src = ",".join(s.value for s in c.rule.source)
+        click.echo(f"{c.rule.id:32} {c.rule.role.value:12} {cat:22} {src:16} {c.rule.title}")
+    click.echo(f"{len(rs)} rules, version {rs.version}")
+
+
+@rules.command("test", epilog="""\b
+Examples:
+  sattrib rules test                      the built-in rules
+  sattrib rules test /etc/sattrib/rules.d a site's own rules
+""")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+def rules_test(path):
+    """Validate rule files and run their match / no_match examples."""
+    from .engine.rules import BUILTIN_DIR, check_dir
+    root = path or BUILTIN_DIR
+    if not root.is_dir():
+        raise UserError(f"no such rules folder: {root}",
+                        "rules live in <domain>/<mechanism>.yaml under that folder")
+    n, errors = check_dir(root)
+    for e in errors:
+        click.echo(f"FAIL {e}")
+    click.echo(f"{n} rule files checked, {len(errors)} problems")
+    if errors:
+        sys.exit(1)
+
+
+@main.command(epilog="""\b
+Examples:
+  sattrib demo
+  sattrib demo --json
+  sattrib demo --keep ./demo-evidence      also keep the evidence folder to look at
+""")
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
+@click.option("--keep", type=click.Path(path_type=Path), help="Write the evidence folder here.")
+@click.option("--no-store", is_flag=True, help="Do not write to the database.")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def demo(ctx, as_json, keep, no_store, database):
+    """Diagnose the built-in demo job: 4 nodes, three different NCCL errors, one NVLink fault.
+
+    Writes the evidence folder, analyses it, stores the diagnosis (so `sattrib 1001` shows it)
+    and prints it."""
+    import tempfile
+    from .analysis import analyze_folder, load_rules
+    from .demo import JOB_ID, write_demo
+    st = _settings(ctx, database=database).settings
+    with tempfile.TemporaryDirectory(prefix="sattrib-demo-") as tmp:
+        folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}")
+        d, _ = analyze_folder(folder, settings=_analysis_settings(st), rules=load_rules(),
+                              limits=_limits(st))
+    if not no_store:
+        from .store import open_store
+        open_store(st.database).upsert(d, st.cluster)
+    _emit(d, as_json)
+    if not as_json and not no_store:
+        click.echo(click.style(f"stored in {st.database}; see it again with `sattrib {JOB_ID}`",
+                               dim=True))
+
+
+@main.command("config", epilog="""\b
+Examples:
+  sattrib config
+  SATTRIB_DATABASE=/tmp/d.db sattrib config
+""")
+@click.pass_context
+def config_cmd(ctx):
+    """Print every setting, its effective value and where it came from."""
+    loaded = _settings(ctx)
+    click.echo(f"# config file: {loaded.path or '(none)'}")
+    for k, v in loaded.settings.model_dump().items():
+        click.echo(f"{k} = {v!r}    # {loaded.sources[k]}")
+
+
+def run():  # pragma: no cover - console entry point wrapper
+    main(prog_name="sattrib")

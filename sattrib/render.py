@@ -1,0 +1,113 @@
+"""The human view of a diagnosis, in the spirit of `seff`: what broke, where, the lines that show
+it, what else went wrong because of it, what is missing, what to do."""
+from __future__ import annotations
+
+import click
+
+from .engine.hostlist import compress
+
+MAX_EVIDENCE_LINES = 8
+MAX_SYMPTOMS = 8
+
+
+def _c(text: str, **style) -> str:
+    return click.style(text, **style)
+
+
+def _where(e: dict) -> str:
+    if e.get("line") is not None:
+        return f"{e['path']}:{e['line']}"
+    if e.get("cursor"):
+        return f"{e['path']} (cursor {e['cursor'][:24]}...)"
+    if e.get("offset") is not None:
+        return f"{e['path']}@{e['offset']}"
+    return e["path"]
+
+
+def _short(text: str, n: int = 150) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def render(d: dict) -> str:
+    out: list[str] = []
+    job = d.get("job") or {}
+    head = f"Job {d.get('job_id') or '?'}"
+    if d.get("restart"):
+        head += f" (restart {d['restart']})"
+    meta = ", ".join(x for x in (job.get("name"), job.get("user") and f"user {job['user']}",
+                                 job.get("partition") and f"partition {job['partition']}") if x)
+    if meta:
+        head += f"  {meta}"
+    out.append(_c(head, bold=True))
+    state = " ".join(x for x in (job.get("state"), job.get("exit_code") and
+                                 f"exit {job['exit_code']}") if x)
+    nodes = job.get("nodes") or []
+    line2 = []
+    if state:
+        line2.append(f"State: {state}")
+    if nodes:
+        line2.append(f"Nodes: {compress(nodes)} ({len(nodes)})")
+    if job.get("start"):
+        line2.append(f"Ran: {job['start']} .. {job.get('end') or '?'}")
+    if line2:
+        out.append("  ".join(line2))
+
+    outcome = d["outcome"]
+    colour = {"attributed": "red", "ambiguous": "yellow", "unattributed": "blue"}[outcome]
+    out.append("Outcome: " + _c(outcome.upper(), fg=colour, bold=True))
+    ev = {e["id"]: e for e in d.get("evidence") or []}
+    causes = [d["root_cause"]] if d.get("root_cause") else d.get("candidates") or []
+    for i, c in enumerate(causes):
+        label = "Root cause" if outcome == "attributed" else f"Candidate {i + 1}"
+        where = " ".join(x for x in (c.get("node") and f"on {c['node']}",
+                                     c.get("gpu") and f"GPU {c['gpu']}",
+                                     c.get("rank") is not None and f"rank {c['rank']}") if x)
+        out.append(f"{label}: " + _c(f"{c['category']} {where}".strip(), bold=True))
+        out.append(f"  {c['summary']}")
+        if c.get("first_seen"):
+            out.append(f"  first seen {c['first_seen']}")
+        shown = c.get("evidence", [])[:MAX_EVIDENCE_LINES]
+        for eid in shown:
+            e = ev.get(eid)
+            if e:
+                out.append(f"  {_c(eid, dim=True)} {_where(e)}: {_short(e['text'])}")
+        more = len(c.get("evidence", [])) - len(shown)
+        if more > 0:
+            out.append(f"  ... {more} more evidence lines (--json shows all)")
+    if outcome == "unattributed":
+        out.append("Root cause: " + _c("none supported by the evidence", bold=True))
+
+    syms = d.get("symptoms") or []
+    if syms:
+        total = sum(s.get("count", 1) for s in syms)
+        out.append(f"Downstream symptoms ({total} lines):")
+        for s in syms[:MAX_SYMPTOMS]:
+            who = []
+            if s.get("ranks"):
+                who.append(f"{len(s['ranks'])} rank{'s' if len(s['ranks']) != 1 else ''}")
+            if s.get("nodes"):
+                who.append(f"on {len(s['nodes'])} node{'s' if len(s['nodes']) != 1 else ''}"
+                           if who else f"{len(s['nodes'])} node"
+                           f"{'s' if len(s['nodes']) != 1 else ''}")
+            first = ev.get(s["evidence"][0]) if s.get("evidence") else None
+            loc = f"  [{_where(first)}]" if first else ""
+            out.append(f"  {' '.join(who) or str(s.get('count', 1)) + 'x'}: {s['summary']}"
+                       f" ({s.get('count', 1)}x){_c(loc, dim=True)}")
+        if len(syms) > MAX_SYMPTOMS:
+            out.append(f"  ... {len(syms) - MAX_SYMPTOMS} more kinds (--json shows all)")
+    comp = d.get("completeness") or {}
+    if comp.get("missing"):
+        miss = comp["missing"]
+        out.append("Missing evidence: " + ", ".join(miss[:12]) +
+                   (f" ... (+{len(miss) - 12})" if len(miss) > 12 else ""))
+    notes = comp.get("notes") or []
+    for n in notes[:5]:
+        out.append(_c(f"  note: {n}", dim=True))
+    if len(notes) > 5:
+        out.append(_c(f"  ... {len(notes) - 5} more notes (--json shows all)", dim=True))
+    if d.get("order_note"):
+        out.append(_c(f"Order: {d['order_note']}", dim=True))
+    out.append("Action: " + _c(d["action"], bold=True))
+    out.append(_c(f"rules {d['rules_version']}  engine {d['engine_version']}", dim=True))
+    return "\n".join(out)

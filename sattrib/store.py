@@ -1,0 +1,197 @@
+"""The diagnoses database: SQLite through sqlite-utils, schema only in migrations.
+
+One row per (cluster, job, restart), upserted: storing the same run again replaces its row and
+its evidence rows, never duplicates them. WAL mode so Datasette can read while the controller
+writes; the database belongs on the controller's local disk (WAL does not work over NFS).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import sqlite_utils
+from sqlite_utils import Migrations
+
+from .errors import UserError
+
+migrations = Migrations("sattrib")
+BUSY_TIMEOUT_MS = 30_000
+
+
+@migrations()
+def m001_diagnoses(db: sqlite_utils.Database):
+    db["diagnoses"].create({
+        "id": str,                 # "<cluster>/<job_id>/<restart>"
+        "cluster": str, "job_id": str, "restart": int,
+        "outcome": str, "category": str, "family": str,
+        "culprit_node": str, "culprit_gpu": str, "culprit_rank": int,
+        "summary": str, "action": str, "action_code": str, "first_seen": str,
+        "job_name": str, "user": str, "partition": str, "job_state": str, "exit_code": str,
+        "job_start": str, "job_end": str, "nodes": str, "node_count": int,
+        "affected_nodes": str, "symptom_count": int, "missing": str,
+        "rules_version": str, "engine_version": str,
+        "created_at": str, "updated_at": str, "bundle_path": str, "diagnosis_json": str,
+    }, pk="id", not_null={"cluster", "job_id", "restart", "outcome"})
+    db["diagnoses"].create_index(["cluster", "job_id", "restart"], unique=True)
+    db["diagnoses"].create_index(["created_at"])
+    db["diagnoses"].create_index(["culprit_node", "created_at"])
+    db["diagnoses"].create_index(["category", "created_at"])
+    db["diagnoses"].create_index(["outcome", "created_at"])
+    db["evidence"].create({
+        "diagnosis_id": str, "eid": str, "role": str, "source": str, "node": str,
+        "path": str, "line": int, "timestamp": str, "text": str, "rule": str,
+        "rank": int, "gpu": str, "category": str,
+    }, pk=("diagnosis_id", "eid"), foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["candidates"].create({
+        "diagnosis_id": str, "idx": int, "category": str, "node": str, "gpu": str,
+        "summary": str,
+    }, pk=("diagnosis_id", "idx"), foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["missing_evidence"].create({
+        "diagnosis_id": str, "source": str, "node": str,
+    }, pk=("diagnosis_id", "source", "node"), foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["missing_evidence"].create_index(["node"])
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Store:
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path = Path(path)
+        if readonly:
+            if not self.path.exists():
+                raise UserError(f"no diagnoses database at {self.path}",
+                                "run `sattrib demo` or set `database` in /etc/sattrib/sattrib.toml")
+            uri = f"file:{self.path}?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        else:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
+                                       isolation_level=None)
+            except (OSError, sqlite3.Error) as e:
+                raise UserError(f"cannot open database {self.path}: {e}",
+                                "check the `database` setting and directory permissions") from None
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self.db = sqlite_utils.Database(conn)
+        if not readonly:
+            self._retry(self._setup)
+
+    def _setup(self):
+        if self.db.journal_mode != "wal":
+            self.db.enable_wal()
+        migrations.apply(self.db)
+
+    @staticmethod
+    def _retry(fn, attempts: int = 50):
+        """SQLite can report "locked" on a schema change race despite busy_timeout; retry."""
+        for i in range(attempts):
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or i == attempts - 1:
+                    raise
+                time.sleep(min(0.05 * (i + 1), 1.0))
+
+    # -- writing ------------------------------------------------------------------------------
+    def upsert(self, diagnosis, cluster: str, bundle_path: Optional[str] = None) -> str:
+        d = json.loads(diagnosis.model_dump_json())
+        job_id = d.get("job_id") or "unknown"
+        restart = int(d.get("restart") or 0)
+        did = f"{cluster}/{job_id}/{restart}"
+        root = d.get("root_cause") or {}
+        job = d.get("job") or {}
+        now = _now()
+        row = {
+            "id": did, "cluster": cluster, "job_id": job_id, "restart": restart,
+            "outcome": d["outcome"], "category": root.get("category"),
+            "family": _family(root.get("category")),
+            "culprit_node": root.get("node"), "culprit_gpu": root.get("gpu"),
+            "culprit_rank": root.get("rank"),
+            "summary": root.get("summary") or d.get("explanation"),
+            "action": d.get("action"), "action_code": d.get("action_code"),
+            "first_seen": root.get("first_seen"),
+            "job_name": job.get("name"), "user": job.get("user"),
+            "partition": job.get("partition"), "job_state": job.get("state"),
+            "exit_code": job.get("exit_code"), "job_start": job.get("start"),
+            "job_end": job.get("end"), "nodes": json.dumps(job.get("nodes") or []),
+            "node_count": len(job.get("nodes") or []),
+            "affected_nodes": json.dumps(d.get("affected_nodes") or []),
+            "symptom_count": sum(s.get("count", 1) for s in d.get("symptoms") or []),
+            "missing": json.dumps(d["completeness"]["missing"]),
+            "rules_version": d.get("rules_version"), "engine_version": d.get("engine_version"),
+            "updated_at": now, "bundle_path": bundle_path,
+            "diagnosis_json": json.dumps(d, sort_keys=True),
+        }
+        ev_rows = [{"diagnosis_id": did, "eid": e["id"], "role": e["role"],
+                    "source": e["source"], "node": e.get("node"), "path": e.get("path"),
+                    "line": e.get("line"), "timestamp": e.get("timestamp"),
+                    "text": e.get("text"), "rule": e.get("rule"), "rank": e.get("rank"),
+                    "gpu": e.get("gpu"), "category": e.get("category")}
+                   for e in d.get("evidence") or []]
+        cand_rows = [{"diagnosis_id": did, "idx": i, "category": c.get("category"),
+                      "node": c.get("node"), "gpu": c.get("gpu"), "summary": c.get("summary")}
+                     for i, c in enumerate(d.get("candidates") or [])]
+        miss_rows = []
+        for m in d["completeness"]["missing"]:
+            src, _, node = m.partition(":")
+            miss_rows.append({"diagnosis_id": did, "source": src, "node": node})
+
+        def write():
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                old = conn.execute("SELECT created_at FROM diagnoses WHERE id = ?",
+                                   [did]).fetchone()
+                row["created_at"] = old[0] if old else now
+                for t in ("evidence", "candidates", "missing_evidence"):
+                    conn.execute(f"DELETE FROM {t} WHERE diagnosis_id = ?", [did])
+                self.db["diagnoses"].upsert(row, pk="id")
+                if ev_rows:
+                    self.db["evidence"].insert_all(ev_rows)
+                if cand_rows:
+                    self.db["candidates"].insert_all(cand_rows)
+                if miss_rows:
+                    self.db["missing_evidence"].insert_all(miss_rows, ignore=True)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._retry(write)
+        return did
+
+    # -- reading ------------------------------------------------------------------------------
+    def find(self, job_id: str, cluster: Optional[str] = None,
+             restart: Optional[int] = None) -> list[dict]:
+        where, args = ["job_id = ?"], [job_id]
+        if cluster:
+            where.append("cluster = ?")
+            args.append(cluster)
+        if restart is not None:
+            where.append("restart = ?")
+            args.append(restart)
+        try:
+            rows = self.db.execute(
+                "SELECT cluster, restart, diagnosis_json FROM diagnoses WHERE "
+                + " AND ".join(where) + " ORDER BY cluster, restart", args).fetchall()
+        except sqlite3.OperationalError as e:
+            raise UserError(f"cannot read {self.path}: {e}",
+                            "is it a sattrib database? run `sattrib demo` to create one") from None
+        return [{"cluster": c, "restart": r, "diagnosis": json.loads(j)} for c, r, j in rows]
+
+
+def _family(cat: Optional[str]) -> Optional[str]:
+    if not cat:
+        return None
+    from .engine.taxonomy import FAMILY, Category
+    return FAMILY.get(Category(cat))
+
+
+def open_store(path: str, readonly: bool = False) -> Store:
+    return Store(os.path.expanduser(path), readonly=readonly)
