@@ -1,4 +1,4 @@
-"""The evidence-folder reader (CONTRACT §1): a folder of logs -> documents and matched lines.
+"""The evidence-folder reader: a folder of logs -> documents and matched lines.
 
 Layout: `slurm/` (scheduler facts), `logs/` (job-level output), one folder per node (the folder
 name is the node name); `expected.json` and names starting with `_` or `.` are ignored. Files are

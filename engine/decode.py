@@ -141,6 +141,9 @@ _SIGNALS = {"Killed": 9, "Aborted": 6, "Segmentation fault": 11, "Bus error": 7,
 @decoder
 def srun_exit(ev: Event, tc: TimeContext) -> None:
     how = ev.caps.get("how") or ""
+    tasks = ev.caps.get("tasks") or ""
+    if tasks.isdigit():
+        ev.rank = int(tasks)
     if how.startswith("Out Of Memory"):
         ev.category, ev.role = Category.host_oom, Role.root
         ev.action = Action.reduce_host_memory

@@ -135,7 +135,7 @@ class Bundle:
 
 
 # --------------------------------------------------------------------------------------------
-# The diagnosis (../shared/spec/CONTRACT.md §2)
+# The diagnosis: a stable contract (README "The diagnosis JSON"); fields may be added, not changed
 # --------------------------------------------------------------------------------------------
 
 

@@ -622,8 +622,7 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
     for e in ordered:
         evidence.append(Evidence(
             id=e.id, role=e.role, source=e.source, node=e.node, path=e.line.doc,
-            line=e.line.line, timestamp=iso_utc(e.lo) if e.line.ts is not None or
-            e.when is not None else None,
+            line=e.line.line, timestamp=_stamp(e),
             text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
             category=e.category, offset=e.line.offset if e.line.line is None else None,
             cursor=e.line.cursor, root=root_id if e.id != root_id else None))
@@ -634,7 +633,7 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
         ev_ids = [e.id for e in inc.events if e.id]
         causes.append(Cause(category=inc.category, node=inc.node, gpu=inc.gpu,
                             rank=inc.rank(links), summary=_summary(inc),
-                            first_seen=iso_utc(inc.first.lo) if inc.first.lo else None,
+                            first_seen=_stamp(inc.first),
                             evidence=ev_ids, rule=inc.first.rule.id, action=text,
                             action_code=code))
 
@@ -694,6 +693,11 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
                        exit_code=job.exit_code, start=iso_utc(job.start),
                        end=iso_utc(job.end), nodes=list(job.nodes)),
         rules_version=rules.version, engine_version=engine_version)
+
+
+def _stamp(e: Event) -> Optional[str]:
+    """The event's own time, when its line (or its message) carried one."""
+    return iso_utc(e.lo) if (e.line.ts is not None or e.when is not None) else None
 
 
 def _t(e: Event) -> float:

@@ -1,6 +1,6 @@
 """Closed vocabularies shared by rules, the pipeline and the diagnosis.
 
-`Category` is the contract list (../shared/spec/CONTRACT.md §3); scoring and dashboards depend on
+`Category` is the stable list of the diagnosis contract; scoring tools and dashboards depend on
 these exact strings. The others are ours, but closed: a rule file naming a value outside them fails
 validation.
 """

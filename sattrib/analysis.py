@@ -24,7 +24,7 @@ def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Op
 
     path = Path(path)
     if not path.exists():
-        raise UserError(f"no such folder: {path}", "give the evidence folder (CONTRACT layout)")
+        raise UserError(f"no such folder: {path}", "give the evidence folder: slurm/, logs/ and one folder per node (see README)")
     if not path.is_dir() or path.is_symlink():
         raise UserError(f"not a folder: {path}", "give the evidence folder, not a file")
     rules = rules or load_rules()

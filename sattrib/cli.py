@@ -96,7 +96,7 @@ Examples:
   sattrib analyze ./job-4417902 --store --cluster alps
 """)
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON (CONTRACT §2).")
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON (the stable contract).")
 @click.option("--store", is_flag=True, help="Also write the diagnosis to the database.")
 @click.option("--cluster", help="Cluster name stored with the diagnosis.")
 @click.option("--database", help="Database file (with --store).")

@@ -1,6 +1,6 @@
 """The built-in demo workload: a synthetic 4-node training job that failed on an NVLink fault.
 
-`write_demo(dir)` writes it as an evidence folder (CONTRACT layout). Every rank on three nodes
+`write_demo(dir)` writes it as an evidence folder (the layout `sattrib analyze` reads). Every rank on three nodes
 shows a different NCCL failure (a closed socket, an IB retry-exceeded completion naming node-02's
 address, a watchdog timeout); node-02's own ranks report an uncorrectable NVLink error; the only
 hardware event is in node-02's kernel log: Xid 149 NETIR_LINK_EVT, link-down reason 10 (link

@@ -1,0 +1,80 @@
+"""Golden evidence folders in tests/cases/<root>_<context>/ with the expected verdict, and
+determinism: the same evidence in any order gives byte-identical JSON."""
+import json
+import random
+import shutil
+
+import pytest
+
+from conftest import CASES
+from sattrib.analysis import analyze_folder
+from sattrib.collectors.evidence_folder import FolderReader
+from sattrib.engine.pipeline import diagnose
+
+NAMES = sorted(p.name for p in CASES.iterdir() if (p / "expected.json").is_file())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_case(name, rules):
+    want = json.loads((CASES / name / "expected.json").read_text())
+    d, _ = analyze_folder(CASES / name, rules=rules)
+    assert d.outcome.value == want["outcome"]
+    root = d.root_cause
+    if want["outcome"] == "attributed":
+        assert root.category.value == want["category"]
+        assert root.node == want["node"]
+        for key in ("gpu", "rank"):
+            if key in want:
+                assert getattr(root, key) == want[key]
+        # The root points at evidence, and each evidence item at its origin.
+        ids = {e.id: e for e in d.evidence}
+        assert root.evidence and all(i in ids for i in root.evidence)
+        first = ids[root.evidence[0]]
+        assert first.path and (first.line is not None or first.offset is not None or first.cursor)
+    else:
+        assert root is None
+    if want["outcome"] == "ambiguous":
+        assert sorted(c.node for c in d.candidates) == want["candidates"]
+    for m in want.get("missing", []):
+        assert m in d.completeness.missing
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shuffled_input_gives_identical_json(name, rules):
+    reader = FolderReader(rules)
+    bundle = reader.read(CASES / name)
+    a = diagnose(bundle, rules, engine_version="t").model_dump_json()
+    for seed in (1, 2, 3):
+        b2 = reader.read(CASES / name)
+        rnd = random.Random(seed)
+        rnd.shuffle(b2.lines)
+        rnd.shuffle(b2.documents)
+        assert diagnose(b2, rules, engine_version="t").model_dump_json() == a
+
+
+def test_copy_elsewhere_gives_identical_json(tmp_path, rules):
+    """Nothing about where or when the folder is read leaks into the diagnosis."""
+    name = "xid79_srun_combined_log"
+    a, _ = analyze_folder(CASES / name, rules=rules)
+    shutil.copytree(CASES / name, tmp_path / "x")
+    b, _ = analyze_folder(tmp_path / "x", rules=rules)
+    assert a.model_dump_json() == b.model_dump_json()
+
+
+def test_fake_kernel_lines_are_not_kernel_evidence(rules):
+    d, _ = analyze_folder(CASES / "app_exception_fake_kernel_lines", rules=rules)
+    assert all(e.source.value != "kernel" or "Xid" not in e.text for e in d.evidence)
+    assert any("kernel-looking lines" in n for n in d.completeness.notes)
+
+
+def test_user_logger_line_in_journal_is_not_kernel(rules):
+    d, _ = analyze_folder(CASES / "journal_json_transport_trust", rules=rules)
+    assert d.root_cause.gpu == "0000:61:00.0"        # the kernel's Xid 48, not the user's 79
+    root = {e.id: e for e in d.evidence}[d.root_cause.evidence[0]]
+    assert root.cursor == "s=2;i=9" and root.source.value == "kernel"
+
+
+def test_stale_event_outside_window_is_ignored(rules):
+    d, _ = analyze_folder(CASES / "new_year_stale_xid", rules=rules)
+    assert d.root_cause.first_seen == "2026-01-01T00:14:07Z"
+    assert any("before the job's time window" in n for n in d.completeness.notes)

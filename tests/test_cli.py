@@ -1,0 +1,108 @@
+"""The command line: default command, errors as one line with a hint, help with examples."""
+import json
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from conftest import CASES
+from sattrib.cli import main
+
+
+def run(*args, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "sattrib", *args], capture_output=True,
+                          text=True, env=e, timeout=120)
+
+
+def test_demo_then_default_show(tmp_path):
+    r = run("demo")
+    assert r.returncode == 0, r.stderr
+    assert "Outcome: ATTRIBUTED" in r.stdout and "nvlink on node-02" in r.stdout
+    assert "\x1b[" not in r.stdout                       # no colour when not a terminal
+    for nccl in ("socket", "IB/RoCE completion error", "watchdog timeout"):
+        assert nccl in r.stdout
+    r2 = run("1001", "--json")
+    assert r2.returncode == 0
+    d = json.loads(r2.stdout)
+    assert d["root_cause"]["category"] == "nvlink" and d["root_cause"]["node"] == "node-02"
+    assert d["root_cause"]["gpu"] == "0000:9d:00.0"
+
+
+def test_unknown_job_is_one_line_with_hint():
+    assert run("demo").returncode == 0
+    r = run("424242")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("sattrib: error:") and lines[1].startswith("hint:")
+    assert "Traceback" not in r.stderr and "sattrib collect 424242" in r.stderr
+
+
+def test_missing_database_is_a_user_error(tmp_path):
+    r = run("123", env={"SATTRIB_DATABASE": str(tmp_path / "none.db")})
+    assert r.returncode == 1 and "no diagnoses database" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_analyze_errors(tmp_path):
+    r = run("analyze", str(tmp_path / "nope"))
+    assert r.returncode == 1 and "no such folder" in r.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = run("analyze", str(f))
+    assert r.returncode == 1 and "not a folder" in r.stderr
+    r = run("analyze")
+    assert r.returncode == 2                                       # usage error
+
+
+def test_debug_shows_traceback(tmp_path):
+    r = run("--debug", "analyze", str(tmp_path / "nope"))
+    assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_analyze_json_matches_contract_and_store(tmp_path):
+    db = tmp_path / "x.db"
+    r = run("analyze", str(CASES / "xid48_ecc_nvidia_smi_xml"), "--json", "--store",
+            "--cluster", "alps", "--database", str(db))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for key in ("job_id", "outcome", "root_cause", "candidates", "affected_nodes", "symptoms",
+                "evidence", "completeness", "action", "rules_version", "engine_version"):
+        assert key in d
+    for e in d["evidence"]:
+        assert {"id", "role", "source", "node", "path", "line", "timestamp", "text", "rule"} <= set(e)
+    r = run("show", "7002", "--cluster", "alps", "--database", str(db))
+    assert r.returncode == 0 and "gpu_memory_ecc on hx2" in r.stdout
+
+
+def test_rules_commands(tmp_path):
+    r = CliRunner().invoke(main, ["rules", "list"])
+    assert r.exit_code == 0 and "gpu.xid" in r.output
+    r = CliRunner().invoke(main, ["rules", "test"])
+    assert r.exit_code == 0 and " 0 problems" in r.output
+    bad = tmp_path / "site" / "x.yaml"
+    bad.parent.mkdir()
+    bad.write_text("id: site.x\n")
+    r = CliRunner().invoke(main, ["rules", "test", str(tmp_path)])
+    assert r.exit_code == 1 and "FAIL" in r.output
+
+
+def test_config_command():
+    r = CliRunner().invoke(main, ["config"])
+    assert r.exit_code == 0 and "database = " in r.output and "env SATTRIB_DATABASE" in r.output
+
+
+def _commands(group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+
+
+@pytest.mark.parametrize("path", [p for p, c in _commands(main) if not isinstance(c, click.Group)],
+                         ids=lambda p: " ".join(p))
+def test_every_command_has_help_with_examples(path):
+    r = CliRunner().invoke(main, [*path, "--help"])
+    assert r.exit_code == 0 and "Examples:" in r.output and "sattrib" in r.output

@@ -1,0 +1,98 @@
+"""Every rule file: schema, id matches path, unique ids, its own examples; the loader's errors."""
+from pathlib import Path
+
+import pytest
+
+from sattrib.engine.matcher import PatternError, check_linear, required_literals
+from sattrib.engine.rules import BUILTIN_DIR, RuleError, check_examples, load_rules, rule_files
+from sattrib.engine.rules import _load_one
+
+FILES = rule_files(BUILTIN_DIR)
+
+
+def test_there_are_rules_in_every_domain():
+    domains = {p.parent.name for p in FILES}
+    assert {"gpu", "nvlink", "net", "nccl", "torch", "cuda", "host", "storage", "slurm"} <= domains
+    assert len(FILES) >= 60
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_rule_file(path):
+    c = _load_one(path, BUILTIN_DIR)
+    assert c.rule.id == f"{path.parent.name}.{path.stem}"
+    assert c.rule.examples.match, "every rule needs at least one match example"
+    assert check_examples(c) == []
+
+
+def test_ids_unique_and_version_stable():
+    a, b = load_rules(), load_rules()
+    assert len({c.rule.id for c in a.rules}) == len(a.rules) == len(FILES)
+    assert a.version == b.version and a.version.startswith("sha256:")
+
+
+def _write(tmp_path, rel, text):
+    p = tmp_path / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+GOOD = """id: site.thing
+title: A thing
+category: storage_io
+role: root
+source: kernel
+pattern: 'thing (?P<n>\\d+) failed'
+explain: 'thing {n}'
+examples:
+  match:
+    - line: 'thing 3 failed'
+      captures: {n: '3'}
+  no_match:
+    - line: 'thing 3 ok'
+"""
+
+
+def test_site_rule_loads_and_changes_version(tmp_path):
+    _write(tmp_path, "site/thing.yaml", GOOD)
+    rs = load_rules([tmp_path])
+    assert "site.thing" in rs.by_id
+    assert rs.version != load_rules().version
+
+
+@pytest.mark.parametrize("change,needle", [
+    (("pattern: 'thing (?P<n>\\d+) failed'", "pattern: 'thing (?P<n>\\d+ failed'"), "invalid regular expression"),
+    (("pattern: 'thing (?P<n>\\d+) failed'", "pattern: '(a+)\\1 thing'"), "linear time"),
+    (("pattern: 'thing (?P<n>\\d+) failed'", "pattern: '(?<=x)thing'"), "look-ahead/look-behind"),
+    (("pattern: 'thing (?P<n>\\d+) failed'", "pattern: '\\d+ \\w+'"), "no literal text"),
+    (("role: root", "role: culprit"), "role"),
+    (("category: storage_io", "category: disk"), "category"),
+    (("title: A thing", "title: A thing\ncolour: red"), "colour"),
+])
+def test_bad_rules_name_the_file(tmp_path, change, needle):
+    _write(tmp_path, "site/thing.yaml", GOOD.replace(*change))
+    with pytest.raises(RuleError) as e:
+        load_rules([tmp_path])
+    assert "site/thing.yaml" in str(e.value) and needle in str(e.value)
+
+
+def test_id_must_match_path(tmp_path):
+    _write(tmp_path, "site/other.yaml", GOOD)
+    with pytest.raises(RuleError, match="must live in site/thing.yaml"):
+        load_rules([tmp_path])
+
+
+def test_failing_example_is_reported(tmp_path):
+    from sattrib.engine.rules import check_dir
+    _write(tmp_path, "site/thing.yaml", GOOD.replace("thing 3 ok", "thing 4 failed"))
+    n, errors = check_dir(tmp_path)
+    assert n == 1 and len(errors) == 1 and "no_match" in errors[0]
+
+
+def test_literals_and_linear_check():
+    assert required_literals(r"NET/IB\s?: Got completion from peer (\S+)") == [": Got completion from peer "]
+    assert sorted(required_literals(r"(?:alpha|beta)ish")) == ["alpha", "beta"] or \
+        required_literals(r"(?:alpha|beta)ish") == ["ish"]
+    with pytest.raises(PatternError):
+        check_linear(r"(?P<a>x)(?P=a)")
+    check_linear(r"NVRM: Xid \((?P<pci>[0-9a-f:.]+)\)")

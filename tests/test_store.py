@@ -1,0 +1,71 @@
+"""The diagnoses database: migrations, idempotent upserts, read-only lookups."""
+import json
+import sqlite3
+
+import pytest
+
+from conftest import CASES
+from sattrib.analysis import analyze_folder
+from sattrib.errors import UserError
+from sattrib.store import Store
+
+
+@pytest.fixture()
+def diag(rules):
+    d, _ = analyze_folder(CASES / "xid79_srun_combined_log", rules=rules)
+    return d
+
+
+def counts(path):
+    c = sqlite3.connect(path)
+    return {t: c.execute(f"select count(*) from {t}").fetchone()[0]
+            for t in ("diagnoses", "evidence", "candidates", "missing_evidence")}
+
+
+def test_upsert_is_idempotent(tmp_path, diag):
+    db = tmp_path / "d.db"
+    s = Store(db)
+    did = s.upsert(diag, "c1")
+    first = counts(db)
+    s.upsert(diag, "c1")
+    Store(db).upsert(diag, "c1")          # a second process opening it: migrations not re-run
+    assert counts(db) == first and first["diagnoses"] == 1 and first["evidence"] == len(diag.evidence)
+    row = sqlite3.connect(db).execute(
+        "select outcome, category, culprit_node, rules_version, diagnosis_json from diagnoses "
+        "where id = ?", [did]).fetchone()
+    assert row[:3] == ("attributed", "gpu_hardware", "gn02")
+    assert json.loads(row[4]) == json.loads(diag.model_dump_json())
+    assert sqlite3.connect(db).execute("pragma journal_mode").fetchone()[0] == "wal"
+
+
+def test_runs_and_clusters_are_separate_rows(tmp_path, diag):
+    s = Store(tmp_path / "d.db")
+    s.upsert(diag, "c1")
+    s.upsert(diag.model_copy(update={"restart": 1}), "c1")
+    s.upsert(diag, "c2")
+    assert counts(tmp_path / "d.db")["diagnoses"] == 3
+    assert len(s.find("7001")) == 3 and len(s.find("7001", cluster="c1")) == 2
+    assert [r["restart"] for r in s.find("7001", "c1", 1)] == [1]
+
+
+def test_created_at_survives_an_update(tmp_path, diag):
+    s = Store(tmp_path / "d.db")
+    did = s.upsert(diag, "c1")
+    c = sqlite3.connect(tmp_path / "d.db")
+    c.execute("update diagnoses set created_at = '2000-01-01T00:00:00Z' where id = ?", [did])
+    c.commit()
+    s.upsert(diag, "c1")
+    assert c.execute("select created_at from diagnoses").fetchone()[0] == "2000-01-01T00:00:00Z"
+
+
+def test_readonly_open_of_missing_db_is_a_user_error(tmp_path):
+    with pytest.raises(UserError) as e:
+        Store(tmp_path / "nope.db", readonly=True)
+    assert "sattrib demo" in e.value.hint
+
+
+def test_migrations_recorded(tmp_path):
+    Store(tmp_path / "d.db")
+    names = [r[0] for r in sqlite3.connect(tmp_path / "d.db").execute(
+        "select name from _sqlite_migrations where migration_set = 'sattrib'")]
+    assert names and names[0] == "m001_diagnoses"

@@ -1,0 +1,85 @@
+"""The Xid catalog as data, and what it says about real Xid lines."""
+import csv
+from pathlib import Path
+
+import pytest
+
+from sattrib.engine import xid
+from sattrib.engine.taxonomy import Category, Role
+
+REFERENCE = Path(__file__).parent.parent / "engine" / "xid_catalog.tsv"
+
+
+def test_catalog_has_every_code():
+    rows = [r for r in REFERENCE.read_text().splitlines() if r[:1].isdigit()]
+    infos, nvl5 = xid.catalog()
+    assert len(infos) == len(rows) >= 170
+    assert {144, 145, 146, 147, 148, 149, 150, 154} <= set(infos)
+    assert len(nvl5) > 60
+
+
+@pytest.mark.parametrize("code,body,cat,role", [
+    (79, "GPU has fallen off the bus.", Category.gpu_hardware, Role.root),
+    (48, "An uncorrectable double bit error (DBE) has been detected", Category.gpu_memory_ecc, Role.root),
+    (63, "Row Remapper: New row marked for remapping", Category.gpu_memory_ecc, Role.confirmation),
+    (31, "MMU Fault: ENGINE GRAPHICS", Category.application_error, Role.root),
+    (43, "Ch 00000020, engmask 00000101", Category.application_error, Role.symptom),
+    (45, "Ch 00000008", Category.application_error, Role.symptom),
+    (119, "Timeout after 6s of waiting for RPC response from GPU4 GSP!", Category.gpu_hardware, Role.root),
+    (154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", Category.gpu_hardware, Role.confirmation),
+    (1, "legacy", Category.gpu_hardware, Role.context),
+])
+def test_classify(code, body, cat, role):
+    v = xid.classify(code, body)
+    assert (v.category, v.role) == (cat, role)
+
+
+def test_154_recovery_action():
+    v = xid.classify(154, "GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)")
+    assert v.recovery == 2 and v.action.value == "reboot_node"
+
+
+def test_74_register_decode():
+    root = xid.classify(74, "NVLink: fatal error detected on link 4(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)")
+    peer = xid.classify(74, "NVLink: fatal error detected on link 2(0x2, 0x0, 0x0, 0x30000, 0x0, 0x0, 0x0)")
+    assert root.role == Role.root and "hardware" in root.detail
+    assert peer.role == Role.symptom and "sympathetic" in peer.tags
+
+
+@pytest.mark.parametrize("body,reason,role,bucket", [
+    # gpud test fixture from a GB200 tray: reason (0x021425c6 >> 20) & 0x3f = 33
+    ("NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+     33, Role.root, "INVESTIGATE_PEER_DEVICE"),
+    ("NETIR_LINK_EVT  Fatal   XC0 i0 Link 07 (0x00a025c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+     10, Role.root, "INVESTIGATE_LINK_SI"),
+    ("NETIR_LINK_EVT  Fatal   XC0 i0 Link 07 (0x000025c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+     0, Role.symptom, "SYMPATHETIC_REPORT_SOLO"),
+])
+def test_149_decode(body, reason, role, bucket):
+    v = xid.classify(149, body)
+    assert v.role == role
+    assert f"nvl5:{bucket}" in v.tags
+    assert v.category == Category.nvlink
+
+
+def test_145_sympathetic_and_ber_event():
+    v = xid.classify(145, "RLW_REMAP Nonfatal XC1 i0 Link 03 (0x00000082 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)")
+    assert v.role == Role.symptom
+    ber = xid.classify(149, "NETIR_BER_EVENT Nonfatal XC0 i0 Link 03 (0x00086226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)")
+    assert ber.role != Role.root
+
+
+def test_real_gpud_lines_parse(rules):
+    """Every Xid line quoted in gpud's tests is matched and decoded without error."""
+    from sattrib.engine.lineparse import clean, split_prefix
+    path = Path(__file__).parent / "data" / "samples" / "kernel-lines.gb200-xid149-154-sxid-mlx5.from-gpud-tests.txt"
+    rule = rules.by_id["gpu.xid"]
+    n = 0
+    for line in path.read_text().splitlines():
+        if line.startswith("#") or "NVRM: Xid" not in line:
+            continue
+        m = rule.search(split_prefix(clean(line)).message)
+        assert m, line
+        xid.classify(int(m.group("xid")), m.group("body"))
+        n += 1
+    assert n >= 10
