@@ -54,8 +54,8 @@ def _parse(pattern: str, ignore_case: bool):
         raise PatternError(f"invalid regular expression: {e}") from None
 
 
-def check_linear(pattern: str, ignore_case: bool = False) -> None:
-    parsed = _parse(pattern, ignore_case)
+def check_linear(pattern: str, ignore_case: bool = False, parsed=None) -> None:
+    parsed = parsed if parsed is not None else _parse(pattern, ignore_case)
     bad: set[str] = set()
     _walk(parsed.data, bad)
     if bad:
@@ -104,9 +104,9 @@ def _required(items, fold: bool) -> set[str] | None:
     return _best(cands)
 
 
-def required_literals(pattern: str, ignore_case: bool = False) -> list[str]:
+def required_literals(pattern: str, ignore_case: bool = False, parsed=None) -> list[str]:
     """Literals of which any match must contain one; raises if none is long enough to filter."""
-    parsed = _parse(pattern, ignore_case)
+    parsed = parsed if parsed is not None else _parse(pattern, ignore_case)
     fold = ignore_case or bool(parsed.state.flags & re.IGNORECASE)
     lits = _required(parsed.data, fold)
     if not lits or min(len(x) for x in lits) < MIN_LITERAL:
@@ -118,9 +118,9 @@ def required_literals(pattern: str, ignore_case: bool = False) -> list[str]:
 
 def compile_rule_pattern(pattern: str, ignore_case: bool = False):
     """Validate and compile for RE2. Returns (compiled, literals, caseless)."""
-    check_linear(pattern, ignore_case)
-    lits = required_literals(pattern, ignore_case)
     parsed = _parse(pattern, ignore_case)
+    check_linear(pattern, ignore_case, parsed)
+    lits = required_literals(pattern, ignore_case, parsed)
     caseless = ignore_case or bool(parsed.state.flags & re.IGNORECASE)
     opts = re2.Options()
     opts.case_sensitive = not caseless

@@ -521,6 +521,49 @@ def _summary(inc: Incident) -> str:
     return s
 
 
+def progress_findings(events: list[Event], links: Links, job) -> tuple[list[str], list]:
+    """What the ranks' own progress counters say when nothing names a cause: which ranks
+    lagged behind (never reached the collective) and which never reported a timeout."""
+    notes: list[str] = []
+    enq: dict[int, int] = {}
+    for e in events:
+        if e.rule.id == "torch.progress" and e.rank is not None and "enq" in e.caps:
+            enq[e.rank] = max(enq.get(e.rank, -1), int(e.caps["enq"]))
+    suspects = []
+    if len(enq) >= 2:
+        top = max(enq.values())
+        lag = sorted(r for r, v in enq.items() if v < top)
+        if lag:
+            where = sorted({links.rank_node.get(r) or "?" for r in lag})
+            notes.append(f"rank(s) {_rank_list(lag)} on {', '.join(where)} lagged: last enqueued "
+                         f"NCCL work {min(enq[r] for r in lag)} < {top}; they never reached the "
+                         "collective the others waited in")
+            suspects = [(r, links.rank_node.get(r)) for r in lag]
+        else:
+            notes.append(f"all {len(enq)} ranks that reported progress stopped at the same "
+                         f"NCCL work ({top}): no rank lagged behind")
+    timed_out = {e.rank for e in events if e.rule.id == "torch.watchdog_timeout"
+                 and e.rank is not None}
+    world = job.num_tasks or max((int(e.caps["nranks"]) for e in events
+                                  if e.caps.get("nranks", "").isdigit()), default=0)
+    if world and len(timed_out) >= world // 2 and len(timed_out) < world:
+        silent = sorted(set(range(world)) - timed_out)
+        notes.append(f"rank(s) {_rank_list(silent)} never reported a collective timeout "
+                     "(they had exited or were stuck before the others timed out)")
+    return notes, suspects
+
+
+def _rank_list(ranks: list[int]) -> str:
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out[:20]) + (",..." if len(out) > 20 else "")
+
+
 def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None,
              engine_version: str = "0") -> Diagnosis:
     st = settings or Settings()
@@ -567,8 +610,9 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     else:
         outcome = Outcome.unattributed
 
+    findings, suspects = progress_findings(events, links, job)
     return _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-                     engine_version)
+                     engine_version, findings, suspects)
 
 
 # ============================================================================================
@@ -577,7 +621,7 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
 
 
 def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-              engine_version) -> Diagnosis:
+              engine_version, findings=(), suspects=()) -> Diagnosis:
     job = bundle.job
     root_events = {id(e) for inc in winners for e in inc.events}
     win_first = [inc.first for inc in winners]
@@ -657,6 +701,7 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
 
     affected = sorted({e.node for e in events if e.node and e.role != Role.context})
     completeness = _completeness(bundle, events, notes, winners)
+    completeness.notes = list(findings) + completeness.notes
     if outcome == Outcome.attributed:
         root = causes[0]
         action, action_code = root.action, root.action_code
@@ -673,12 +718,18 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
     else:
         root, cands = None, []
         miss = completeness.missing[:6]
+        look = ""
+        if suspects:
+            nodes = sorted({n for _, n in suspects if n})
+            look = (f"; look first at rank(s) {_rank_list(sorted(r for r, _ in suspects))}"
+                    + (f" on {', '.join(nodes)}" if nodes else "") + " (py-spy dump, dataloader, I/O)")
         action = ("nothing in the evidence supports a cause; collect the missing evidence"
                   + (f" ({', '.join(miss)})" if miss else "")
-                  + " and check for a hang (NCCL RAS, py-spy dumps)")
+                  + " and check for a hang (NCCL RAS, py-spy dumps)" + look)
         action_code = Action.collect_evidence
         explanation = "No root cause is supported by the evidence." + (
-            f" Seen: {symptoms[0].count} x {symptoms[0].summary}." if symptoms else "")
+            f" Seen: {symptoms[0].count} x {symptoms[0].summary}." if symptoms else "") + (
+            " " + " ".join(f[0].upper() + f[1:] + "." for f in findings) if findings else "")
     order_note = None
     if outcome == Outcome.ambiguous:
         order_note = ("timestamps of the candidates overlap at their resolution; the order "

@@ -20,6 +20,7 @@ from .matcher import PatternError, Prefilter, compile_rule_pattern
 from .models import Rule
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when PyYAML has it
 
 
 class RuleError(ValueError):
@@ -66,7 +67,7 @@ class RuleSet:
 def _load_one(path: Path, root: Path) -> CompiledRule:
     rel = path.relative_to(root).as_posix()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise RuleError(f"{rel}: cannot read YAML: {e}") from None
     if not isinstance(data, dict):
