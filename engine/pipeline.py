@@ -18,6 +18,7 @@ the interval between the nearest timestamped lines around them.
 """
 from __future__ import annotations
 
+import re
 import string
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -411,6 +412,11 @@ def _incident_before(a: Incident, b: Incident, skew: float) -> bool:
 PROGRAM = {Category.application_error, Category.cuda_oom}
 
 
+def _normalized(message: str) -> str:
+    """An error message with its numbers and addresses blanked, to compare across ranks."""
+    return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", message)[:300]
+
+
 def select(incidents: list[Incident], terminator: Optional[Event], skew: float):
     """Returns (winners, demoted). One winner: attributed; several: ambiguous."""
     live = list(incidents)
@@ -438,6 +444,16 @@ def select(incidents: list[Incident], terminator: Optional[Event], skew: float):
                                           for o in live if o is not i)]
     later = [i for i in live if i not in minimal]
     demoted += later
+    if len(minimal) > 1 and all(i.tier == 2 and i.category in PROGRAM for i in minimal):
+        # The same error raised on several nodes is one cause in the program, not several.
+        keys = {(i.category, _normalized(i.first.line.message)) for i in minimal}
+        if len(keys) == 1:
+            merged = Incident(None if len({i.node for i in minimal}) > 1 else minimal[0].node,
+                              minimal[0].family, tier=2)
+            for i in minimal:
+                merged.events.extend(i.events)
+            merged.events.sort(key=lambda e: (e.lo is None, e.lo or 0, e.sort_key()))
+            minimal = [merged]
     if len(minimal) > 1 and any(i.tier == 3 for i in minimal):
         # A hardware incident explains program-side errors elsewhere that cannot be ordered
         # against it, except plain program bugs (an exception, a CUDA OOM) that no hardware
