@@ -27,7 +27,8 @@ MAX_FILES_PER_DIR = 5000
 MAX_DEPTH = 3
 STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
 
-_RANK_NAME = re.compile(r"(?:^rank[-_.]?\d+|\.(?:stderr|stdout|err|out)$)", re.I)
+_RANK_NAME = re.compile(r"(?:^rank[-_.]?\d+|stderr|stdout|\.(?:err|out)(?:\.\d+)?(?:\.gz)?$)",
+                        re.I)
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
 _KERNEL_NAME = re.compile(r"(journal|dmesg|kern|messages|syslog|kmsg)", re.I)
 _SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
@@ -74,8 +75,14 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
         notes.append(f"{rel or '.'}: cannot list: {e.strerror}")
         return
     if len(entries) > MAX_FILES_PER_DIR:
-        notes.append(f"{rel}: {len(entries)} entries, read the first {MAX_FILES_PER_DIR} by name")
-        entries = entries[:MAX_FILES_PER_DIR]
+        # Rank output cannot crowd out the node's own logs: those are kept first.
+        system = [e for e in entries if not _RANK_NAME.search(e.name)]
+        ranks = [e for e in entries if _RANK_NAME.search(e.name)]
+        keep = system[:MAX_FILES_PER_DIR]
+        keep += ranks[:MAX_FILES_PER_DIR - len(keep)]
+        notes.append(f"{rel}: {len(entries)} entries, read {len(keep)} (logs and tool output "
+                     "first, then rank output by name)")
+        entries = sorted(keep, key=lambda e: e.name)
     for e in entries:
         if e.name.startswith((".", "_")):
             continue

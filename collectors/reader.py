@@ -48,6 +48,7 @@ class RawHit:
     need: int = 0               # neighbour / following lines still wanted from the next chunk
     need_following: int = 0
     next_from: int = 0
+    partial: bool = False       # the last neighbour line taken continues in the next chunk
 
 
 @dataclass
@@ -59,6 +60,13 @@ class ScanResult:
     hits_dropped: int = 0
     compressed: bool = False
     notes: list = field(default_factory=list)
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1024)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def open_regular(path: str, *, dir_fd: Optional[int] = None,
@@ -122,7 +130,7 @@ def _gz_chunks(fd: int, cap: int, chunk: int, res: ScanResult) -> Iterator[bytes
                 total += len(data)
                 yield data
             if gz.read(1):
-                res.notes.append(f"decompressed text cut at {cap // MiB} MiB")
+                res.notes.append(f"decompressed text cut at {_size(cap)}")
     except (OSError, EOFError, zlib.error) as e:
         res.notes.append(f"gzip stream broken after {total} bytes: {e}")
     finally:
@@ -140,6 +148,7 @@ class _Scanner:
         self.tail: list[RawHit] = []     # ring of the latest hits once the head quota is full
         self.dropped = 0
         self.pending: list[RawHit] = []
+        self.scanned_abs = -1        # absolute offset up to which literals were reported
 
     def _keep(self, h: RawHit):
         head_quota = self.lim.max_hits * 3 // 4
@@ -209,14 +218,22 @@ class _Scanner:
     def _complete_pending(self, buf: bytes, start: int, end: int, eof: bool) -> None:
         if not self.pending:
             return
-        pos = start
         still = []
         for h in self.pending:
-            p = pos
+            p = start
             while h.need > 0 and p < end:
                 le = buf.find(b"\n", p, end)
+                if le < 0 and not eof and (end >= len(buf) or buf[end - 1:end] != b"\n"):
+                    # The line goes on past this round: keep its start, skip the rest of it.
+                    if not h.partial:
+                        self._add_next(h, buf[p:end])
+                        h.partial = True
+                    break
                 le = end if le < 0 else le
-                self._add_next(h, buf[p:le])
+                if h.partial:
+                    h.partial = False          # the end of a line whose start we already have
+                else:
+                    self._add_next(h, buf[p:le])
                 p = le + 1
             if h.need > 0 and not eof:
                 still.append(h)
@@ -224,6 +241,7 @@ class _Scanner:
 
     def _add_next(self, h: RawHit, line: bytes) -> None:
         lim = self.lim
+        line = line.rstrip(b"\r")
         if len(h.next) < lim.context_lines:
             h.next.append(line[:lim.context_bytes])
         if len(h.following) < h.need_following:
@@ -242,8 +260,12 @@ class _Scanner:
         count_pos, count_line = 0, lineno
         cur = None
         new_hits: list[RawHit] = []
+        prev_end = self.scanned_abs
+        self.scanned_abs = max(self.scanned_abs, base + end)
         for end_off, lit in found:
             p = start + end_off - 1              # last byte of the literal
+            if base + p < prev_end:
+                continue                         # in the overlap after a cut: reported already
             if cur is not None and cur.offset - base <= p < cur.offset - base + len(cur.data):
                 cur.lits.update(self.lit_rules[lit])
                 continue
@@ -265,7 +287,7 @@ class _Scanner:
             q = ls
             while q > 0 and len(cur.prev) < lim.context_lines:
                 qs = buf.rfind(b"\n", 0, q - 1) + 1
-                cur.prev.append(buf[qs:min(q - 1, qs + lim.context_bytes)])
+                cur.prev.append(buf[qs:min(q - 1, qs + lim.context_bytes)].rstrip(b"\r"))
                 q = qs
             new_hits.append(cur)
         for h in new_hits:
@@ -302,11 +324,13 @@ def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
     else:
         half = limits.file_cap // 2
         sc.run(_chunks(fd, 0, half, limits.chunk), 1, 0, False)
-        sc.run(_chunks(fd, size - half, half, limits.chunk), None, size - half, True)
+        at_line_start = os.pread(fd, 1, size - half - 1) == b"\n"
+        sc.run(_chunks(fd, size - half, half, limits.chunk), None, size - half,
+               not at_line_start)
         res.scanned = 2 * half
         res.cut = size - 2 * half
-        res.notes.append(f"read first and last {half // MiB} MiB of {size // MiB} MiB; "
-                         f"{res.cut // MiB} MiB in the middle not read")
+        res.notes.append(f"read first and last {_size(half)} of {_size(size)}; "
+                         f"{_size(res.cut)} in the middle not read")
     res.hits = sc.hits + sc.tail
     res.hits_dropped = sc.dropped
     if sc.dropped:

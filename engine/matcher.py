@@ -104,10 +104,30 @@ def _required(items, fold: bool) -> set[str] | None:
     return _best(cands)
 
 
+def _scoped_ignorecase(items) -> bool:
+    """Does any group switch on (?i:...) inside the pattern?"""
+    for op, av in items:
+        if op == C.SUBPATTERN:
+            if av[1] & re.IGNORECASE or _scoped_ignorecase(av[3]):
+                return True
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT) and _scoped_ignorecase(av[2]):
+            return True
+        elif op == C.BRANCH and any(_scoped_ignorecase(b) for b in av[1]):
+            return True
+    return False
+
+
+def caseless(pattern: str, ignore_case: bool = False, parsed=None) -> bool:
+    """Whether the prefilter must match this pattern's literals without regard to case."""
+    parsed = parsed if parsed is not None else _parse(pattern, ignore_case)
+    return ignore_case or bool(parsed.state.flags & re.IGNORECASE) or \
+        _scoped_ignorecase(parsed.data)
+
+
 def required_literals(pattern: str, ignore_case: bool = False, parsed=None) -> list[str]:
     """Literals of which any match must contain one; raises if none is long enough to filter."""
     parsed = parsed if parsed is not None else _parse(pattern, ignore_case)
-    fold = ignore_case or bool(parsed.state.flags & re.IGNORECASE)
+    fold = caseless(pattern, ignore_case, parsed)
     lits = _required(parsed.data, fold)
     if not lits or min(len(x) for x in lits) < MIN_LITERAL:
         raise PatternError(
@@ -121,15 +141,15 @@ def compile_rule_pattern(pattern: str, ignore_case: bool = False):
     parsed = _parse(pattern, ignore_case)
     check_linear(pattern, ignore_case, parsed)
     lits = required_literals(pattern, ignore_case, parsed)
-    caseless = ignore_case or bool(parsed.state.flags & re.IGNORECASE)
+    fold = caseless(pattern, ignore_case, parsed)
     opts = re2.Options()
-    opts.case_sensitive = not caseless
+    opts.case_sensitive = not (ignore_case or bool(parsed.state.flags & re.IGNORECASE))
     opts.log_errors = False
     try:
         rx = re2.compile(pattern, options=opts)
     except re2.error as e:  # pragma: no cover - check_linear catches the known differences
         raise PatternError(f"RE2 cannot compile it: {e}") from None
-    return rx, lits, caseless
+    return rx, lits, fold
 
 
 class Prefilter:
@@ -177,6 +197,8 @@ class Prefilter:
         else:
             # Find lines holding any literal, then list every literal on each such line
             # (overlapping ones included), as Hyperscan would report them.
+            if isinstance(buf, memoryview):
+                buf = buf.tobytes()
             seen = -1
             for m in self._rx.finditer(buf):
                 if m.start() < seen:
