@@ -104,6 +104,10 @@ class FolderReader:
         self.lim = limits or Limits()
         self.utc_offset = utc_offset
         self.offset = 0
+        self.kept_lines = 0
+        self.job_line_cap = 200_000
+        self.job_cap_noted = False
+        self._no_stamps = 0
         self.owner = owner
         self.lit_rules = rules.literal_rules
         self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
@@ -212,30 +216,66 @@ class FolderReader:
                                              node=node, rank=None, text=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
-            res = scan(fd, st.st_size, self.rules.prefilter, self.lit_rules, self.lines_after,
-                       self.lim)
-            doc.truncated_bytes = res.cut
-            doc.notes.extend(res.notes)
             srun = bool(kind == "rank_output" and len(_SRUN.findall(head)) >=
                         max(3, head.count(b"\n") // 2))
+            lim = self.lim
+            if self.kept_lines > self.job_line_cap:
+                # The job already gave plenty of matching lines: keep a little of each file.
+                lim = Limits(**{**self.lim.__dict__, "max_hits": 40})
+                if not self.job_cap_noted:
+                    bundle.notes.append(f"more than {self.job_line_cap} matching lines in the "
+                                        f"job: from {rel} on, at most 40 kept per file")
+                    self.job_cap_noted = True
+            res = scan(fd, st.st_size, self.rules.prefilter, self.lit_rules, self.lines_after,
+                       lim, confirm=self._confirmer(kind, srun))
+            doc.truncated_bytes = res.cut
+            doc.notes.extend(res.notes)
             rank_hint = None
             m = _RANK_IN_NAME.search(Path(rel).name)
             if m and kind == "rank_output":
                 rank_hint = int(m.group(1))
+            self._no_stamps = 0
             for h in res.hits:
                 ln = self._line(doc, h, tc, srun, rank_hint)
                 if ln is not None:
                     bundle.lines.append(ln)
+                    self.kept_lines += 1
         finally:
             os.close(fd)
 
+    CONTEXT_CAP = 64      # lines per file kept for a rule that only locates (role context)
+
+    def _confirmer(self, kind: str, srun: bool):
+        """Runs the rules a line's literals point at; the scanner drops lines none matches."""
+        by_id = self.rules.by_id
+        if kind == "journal_json":
+            return None                    # JSON records are confirmed after decoding
+        context_count: dict[str, int] = {}
+
+        def confirm(data: bytes, lits):
+            text = clean(data.decode("utf-8", "replace"))
+            p = split_prefix(text, srun=srun)
+            hit = set()
+            for rid in lits:
+                c = by_id.get(rid)
+                if c is not None and c.search(p.message):
+                    hit.add(rid)
+            if hit and all(by_id[r].rule.role.value == "context" for r in hit):
+                n = context_count[min(hit)] = context_count.get(min(hit), 0) + 1
+                if n > self.CONTEXT_CAP:
+                    return set(), None
+            return hit, (text, p)
+        return confirm
+
     def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
               rank_hint: Optional[int]) -> Optional[Line]:
-        raw = h.data.decode("utf-8", "replace")
         if doc.kind == "journal_json":
-            return self._journal_line(doc, h, raw)
-        text = clean(raw)
-        p = split_prefix(text, srun=srun)
+            return self._journal_line(doc, h, h.data.decode("utf-8", "replace"))
+        if h.meta is not None:
+            text, p = h.meta
+        else:
+            text = clean(h.data.decode("utf-8", "replace"))
+            p = split_prefix(text, srun=srun)
         source = doc.source
         if doc.kind == "kernel_log":
             # Per line: only what the kernel printed is kernel evidence.
@@ -243,9 +283,11 @@ class FolderReader:
         rank = p.rank if p.rank is not None else rank_hint
         ts = tc.epoch(p.stamp)
         after = before = None
-        if ts is None:
+        if ts is None and self._no_stamps < 32:
+            # A file whose lines carry no time stamps (NCCL output) stops being searched.
             after = self._neighbour(h.prev, tc, srun, p.rank)
             before = self._neighbour(h.next, tc, srun, p.rank)
+            self._no_stamps = 0 if (after or before) else self._no_stamps + 1
         following = tuple(clean(b.decode("utf-8", "replace")) for b in h.following)
         if srun:
             following = tuple(split_prefix(f, srun=True).message for f in following)

@@ -49,6 +49,7 @@ class RawHit:
     need_following: int = 0
     next_from: int = 0
     partial: bool = False       # the last neighbour line taken continues in the next chunk
+    meta: object = None         # what the confirm step learnt about the line (reused later)
 
 
 @dataclass
@@ -139,7 +140,8 @@ def _gz_chunks(fd: int, cap: int, chunk: int, res: ScanResult) -> Iterator[bytes
 
 
 class _Scanner:
-    def __init__(self, prefilter, lit_rules, lines_after: dict, limits: Limits):
+    def __init__(self, prefilter, lit_rules, lines_after: dict, limits: Limits, confirm=None):
+        self.confirm = confirm
         self.pf = prefilter
         self.lit_rules = lit_rules
         self.lines_after = lines_after
@@ -283,14 +285,24 @@ class _Scanner:
                 se = cr
             cur = RawHit(offset=base + ss, line=count_line, data=buf[ss:se],
                          lits=set(self.lit_rules[lit]), next_from=min(le + 1, len(buf)))
+            new_hits.append(cur)
+        kept = []
+        for cur in new_hits:
+            if self.confirm is not None:
+                # Only lines a rule really matches get their context cut out and kept.
+                cur.lits, cur.meta = self.confirm(cur.data, cur.lits)
+                if not cur.lits:
+                    continue
+            kept.append(cur)
+            ls = cur.offset - base
+            ls = buf.rfind(b"\n", 0, ls) + 1 if ls > 0 and buf[ls - 1:ls] != b"\n" else ls
             # Previous lines, nearest first (their prefixes only).
             q = ls
             while q > 0 and len(cur.prev) < lim.context_lines:
                 qs = buf.rfind(b"\n", 0, q - 1) + 1
                 cur.prev.append(buf[qs:min(q - 1, qs + lim.context_bytes)].rstrip(b"\r"))
                 q = qs
-            new_hits.append(cur)
-        for h in new_hits:
+        for h in kept:
             self._keep(h)
             h.need_following = max((self.lines_after.get(r, 0) for r in h.lits), default=0)
             h.need = max(lim.context_lines, h.need_following)
@@ -310,10 +322,13 @@ class _Scanner:
 
 
 def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
-         limits: Limits) -> ScanResult:
-    """Scan an open file for prefilter literals. Gzip files are decompressed on the fly."""
+         limits: Limits, confirm=None) -> ScanResult:
+    """Scan an open file for prefilter literals. Gzip files are decompressed on the fly.
+
+    `confirm(line_bytes, rule_ids) -> (rule_ids, meta)`, when given, runs the rules on each
+    line the prefilter found and drops the line when none matches."""
     res = ScanResult(hits=[], size=size, scanned=0)
-    sc = _Scanner(prefilter, lit_rules, lines_after, limits)
+    sc = _Scanner(prefilter, lit_rules, lines_after, limits, confirm)
     head = os.pread(fd, 2, 0)
     if head == b"\x1f\x8b":
         res.compressed = True

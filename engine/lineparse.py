@@ -41,6 +41,11 @@ _NCCL_HOST = re.compile(r"^(?:\[[^\]]{1,64}\] )?(?P<host>[A-Za-z0-9][\w.-]{0,253
                         r"(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 
 
+# First characters of every prefix split_prefix knows: digits (ISO, kmsg), '[' (dmesg,
+# slurmctld, fabric manager, torch's [rankN]:), month names (syslog), glog severities.
+_STAMP_FIRST = set("0123456789[JFMASONDIWE")
+
+
 @dataclass(slots=True)
 class Stamp:
     """A wall-clock reading from a log line; `year` is None when the format has none."""
@@ -122,6 +127,12 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             rank = int(m.group(1))
             line = line[m.end():]
     p = Parsed(message=line, rank=rank)
+    if not line or line[0] not in _STAMP_FIRST:
+        # Fast path: no timestamp form starts with this character (NCCL host prefixes etc.).
+        m = _NCCL_HOST.match(line)
+        if m:
+            p.nccl_host, p.nccl_dev = m.group("host"), int(m.group("dev"))
+        return p
 
     m = _SYSLOG.match(line) or _ISOLOG.match(line)
     if m:
