@@ -46,6 +46,8 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
         return "slurm_log", Source.scheduler
     if _RANK_NAME.search(name):
         return "rank_output", Source.stderr
+    if name == "sattrib-probes.txt" and text.startswith("probe="):
+        return "probe", Source.probe
     smi = nvidia_smi.sniff(text)
     if smi:
         return "nvidia_smi:" + smi, Source.gpu
@@ -138,7 +140,19 @@ class FolderReader:
                                       and not e.name.startswith((".", "_")))
         except OSError:
             bundle.node_dirs = []
+        for path, rel in slurm_files:
+            if rel == "slurm/collect-notes.txt":
+                # What the controller could not collect (written by sattrib.collect).
+                try:
+                    fd, _ = open_regular(str(path), owner=self.owner)
+                    bundle.notes.extend(os.pread(fd, 1 << 20, 0).decode(
+                        "utf-8", "replace").splitlines()[:200])
+                    os.close(fd)
+                except SkipFile:
+                    pass
         for path, rel in slurm_files + other:
+            if rel == "slurm/collect-notes.txt":
+                continue
             first = rel.split("/", 1)[0]
             node = first if ("/" in rel and first not in RESERVED) else None
             self._read_file(path, rel, node, rel.startswith("slurm/"), tc, bundle)
@@ -205,6 +219,14 @@ class FolderReader:
             kind, source = _classify(Path(rel).name, head, in_slurm)
             doc = Document(path=rel, node=node, kind=kind, source=source, size=st.st_size)
             bundle.documents.append(doc)
+            if kind == "probe":
+                text = os.pread(fd, 1 << 20, 0).decode("utf-8", "replace")
+                for n, ln in enumerate(text.split("\n"), 1):
+                    if ln.startswith("probe="):
+                        bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
+                                                 node=node, rank=None, text=clean(ln)[:500],
+                                                 message=clean(ln)[:500]))
+                return
             if kind.startswith("nvidia_smi:") or kind == "ibstat":
                 text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
                 if st.st_size > STRUCTURED_CAP:

@@ -190,6 +190,7 @@ class Completeness(_Out):
     present: list[str]
     missing: list[str]
     notes: list[str] = Field(default_factory=list)
+    failed_probes: list[str] = Field(default_factory=list)   # "nvidia-smi:node02 timed out"
 
 
 class JobSummary(_Out):

@@ -28,7 +28,7 @@ from . import decode
 from .decode import Event, normalize_pci
 from .hostlist import compress
 from .xid import meaning as xid_meaning
-from .lineparse import TimeContext, iso_utc, nccl_host
+from .lineparse import TimeContext, iso_utc, nccl_host, parse_stamp_text
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Line,
                      Symptom)
 from .rules import RuleSet
@@ -171,6 +171,8 @@ def _event(ln: Line, rule, caps: dict, tc: TimeContext) -> Event:
         ev.pid = int(caps["pid"].strip("'"))
     if rule.decode:
         decode.DECODERS[rule.decode](ev, tc)
+    if ev.when is None and caps.get("at"):
+        ev.when = tc.epoch(parse_stamp_text(caps["at"]))
     if ln.ts is not None:
         ev.lo, ev.hi = ln.ts, ln.ts + ln.ts_res
     elif ev.when is not None:
@@ -813,11 +815,13 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
         present.append("scheduler:job")
     else:
         missing.append("scheduler:job")
-    probe_fail = [e for e in events if e.source == Source.probe]
-    for e in probe_fail:
-        tag = f"{e.caps.get('probe', 'probe')}:{e.node}"
-        if tag not in missing:
-            missing.append(tag)
+    failed_probes = []
+    for e in events:
+        if e.rule.id == "probe.failed" and e.node:
+            failed_probes.append(f"{e.caps.get('probe')}:{e.node} {e.caps.get('reason')}")
+            tag = f"{e.caps.get('src', 'probe')}:{e.node}"
+            if tag not in missing and not (tag in present):
+                missing.append(tag)
     extra = list(bundle.notes)
     for d in bundle.documents:
         extra += [f"{d.path}: {x}" for x in d.notes]
@@ -825,7 +829,8 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
         extra.append(f"{k} ({v})" if v > 1 else k)
     if not job.start:
         extra.append("no job start time: events were not filtered by the job's time window")
-    return Completeness(present=sorted(present), missing=sorted(missing), notes=extra[:200])
+    return Completeness(present=sorted(present), missing=sorted(missing), notes=extra[:200],
+                        failed_probes=sorted(failed_probes))
 
 
 def hosts_short(nodes: list[str]) -> str:

@@ -153,6 +153,32 @@ def show(ctx, job_id, as_json, cluster, restart, database):
         click.echo(render(r["diagnosis"]))
 
 
+@main.command(epilog="""\b
+Examples:
+  sattrib collect 4417902                  on the controller, within MinJobAge of the job's end
+  sattrib collect 4417902 --force --wait 0 diagnose even a job that looks clean, no waiting
+""")
+@click.argument("job_id")
+@click.option("--restart", type=int, help="Which run of a requeued job (default: the last).")
+@click.option("--force", is_flag=True, help="Diagnose even if the job looks successful.")
+@click.option("--wait", "wait_s", type=float, help="Seconds to wait for node snapshots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
+@click.pass_context
+def collect(ctx, job_id, restart, force, wait_s, as_json):
+    """Diagnose a finished job by hand, as the EpilogSlurmctld worker does.
+
+    Reads scheduler state, the node snapshots in the spool and the job's output, builds the
+    evidence bundle, stores the diagnosis and prints it."""
+    from .collect import collect_job
+    st = _settings(ctx).settings
+    out = collect_job(job_id, st, restart=restart, force=force, wait_snapshots=wait_s)
+    if not out.diagnosed:
+        raise UserError(out.message, "use --force to diagnose it anyway")
+    _emit(out.diagnosis, as_json)
+    if not as_json:
+        click.echo(click.style(f"bundle {out.bundle}", dim=True))
+
+
 @main.group()
 def rules():
     """List and test failure rules (built-in and site rules)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -48,6 +48,12 @@ class Settings(BaseModel):
     probe_timeout_s: float = Field(8.0, gt=0)
     journal_dir: str = ""                      # read journals from here (journalctl --directory)
     journal_margin_s: float = Field(600.0, ge=0)
+    journal_lookback_s: float = Field(86400.0, ge=0)   # when the job's start is unknown
+    ib_sysfs_root: str = "/sys/class/infiniband"
+    log_dir: str = "/var/log/sattrib"
+    spool_auth: Literal["munge", "owner"] = "munge"
+    spool_writer_uid: int = Field(0, ge=0)
+    munge_socket: str = ""
     collect_wait_s: float = Field(60.0, ge=0)  # controller waits this long for node snapshots
     job_states: list[str] = Field(default_factory=lambda: [
         "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED", "PREEMPTED",
@@ -72,6 +78,8 @@ def _coerce(name: str, raw: str) -> Any:
     ann = field.annotation
     if ann in (list[str],):
         return [x for x in (s.strip() for s in raw.split(",")) if x]
+    if ann is int:
+        return int(raw) if raw.strip().lstrip("-").isdigit() else raw
     if ann is bool:
         return raw.strip().lower() in ("1", "true", "yes", "on")
     return raw

@@ -1,0 +1,201 @@
+"""The controller side: turn one finished job run into a stored diagnosis.
+
+Run by the EpilogSlurmctld worker (detached, as SlurmUser) and by `sattrib collect JOBID`.
+Steps: decide whether the run failed (exit codes, final state, a requeue), wait with a deadline
+for the node snapshots, build the job's evidence bundle (an evidence folder: slurm/, logs/, one
+folder per node), analyse it and upsert the diagnosis. The bundle is kept, so a diagnosis can be
+replayed with `sattrib analyze BUNDLE`. Rerunning for the same run rebuilds the same bundle and
+replaces the same database row.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .errors import UserError
+
+log = logging.getLogger("sattrib.collect")
+
+PROBE_SOURCE = {"journalctl": "kernel", "dmesg": "kernel", "nvidia-smi": "gpu",
+                "dcgmi": "dcgm", "munge": "spool"}
+
+
+@dataclass
+class Outcome:
+    diagnosed: bool
+    message: str
+    diagnosis: object = None
+    bundle: Optional[Path] = None
+
+
+def _failed(env_job, info: dict, restart: int, job_states: list) -> tuple[bool, str]:
+    state = (info.get("JobState") or "").upper()
+    restarts = int(info.get("Restarts") or 0) if str(info.get("Restarts", "")).isdigit() else 0
+    if env_job is not None and env_job.nonzero:
+        return True, (f"exit {env_job.exit_code}:{env_job.signal} (derived "
+                      f"{env_job.derived or '0:0'})")
+    if state in {s.upper() for s in job_states}:
+        return True, f"state {state}"
+    if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") and restarts > restart:
+        # Requeued after this run (NODE_FAIL, preemption, requeue): its exit code said 0.
+        return True, f"requeued (Restarts={restarts}, reason {info.get('Reason')})"
+    return False, f"state {state or 'unknown'}, exit 0"
+
+
+def _lock(path: Path, timeout: float):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+    t_end = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > t_end:
+                os.close(fd)
+                return None
+            time.sleep(0.2)
+
+
+def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = None,
+                force: bool = False, wait_snapshots: Optional[float] = None) -> Outcome:
+    from .collectors import slurm_job, spool
+    from .engine.hostlist import expand
+
+    st = settings
+    t0 = time.monotonic()
+    cluster = (env_job.cluster if env_job and env_job.cluster else st.cluster)
+    wait = st.collect_wait_s if wait_snapshots is None else wait_snapshots
+    deadline = t0 + wait + 60
+
+    text, err = slurm_job.wait_final(job_id, min(deadline, t0 + 30))
+    if not text:
+        text = slurm_job.pyslurm_job(job_id) or ""
+    info = slurm_job.kv(text) if text else {}
+    if not info and env_job is None:
+        raise UserError(f"slurmctld does not know job {job_id} ({err or 'no output'})",
+                        "run it within MinJobAge of the job's end, or analyse an evidence "
+                        "folder with `sattrib analyze DIR`")
+    if restart is None:
+        restart = env_job.restart if env_job else int(info.get("Restarts") or 0)
+        if env_job is None and (info.get("JobState") in ("PENDING", "REQUEUED")) and restart:
+            restart -= 1                     # the run that ended is the one before this one
+    failed, why = _failed(env_job, info, restart, st.job_states)
+    if not failed and not force:
+        return Outcome(False, f"job {job_id}.{restart}: not diagnosed ({why})")
+
+    lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}", 120)
+    if lock is None:
+        return Outcome(False, f"job {job_id}.{restart}: another worker holds its lock")
+    try:
+        return _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
+                               t0, wait, deadline, spool, slurm_job, expand)
+    finally:
+        os.close(lock)
+
+
+def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, wait,
+                    deadline, spool, slurm_job, expand) -> Outcome:
+    notes: list[str] = []
+    nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
+    spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
+
+    # Wait for the node snapshots; nodes Slurm already knows are down will not send one.
+    nodes_text = slurm_job.scontrol_nodes(nodes, min(deadline, time.monotonic() + 10))
+    down = {ln.split()[0].split("=", 1)[1] for ln in nodes_text.splitlines()
+            if ln.startswith("NodeName=") and any(s in ln for s in (
+                "State=DOWN", "NOT_RESPONDING", "State=FAIL", "State=UNKNOWN"))}
+    expect = [n for n in nodes if n not in down]
+    trusted = {0, st.spool_writer_uid}
+    t_wait = time.monotonic() + wait
+    snaps: dict = {}
+    while True:
+        scratch: list[str] = []
+        snaps = spool.read_snapshots(spool_dir, job_id, restart, trusted,
+                                     st.spool_auth == "munge", deadline, scratch,
+                                     st.munge_socket) if spool_dir.is_dir() else {}
+        if all(n in snaps for n in expect) or time.monotonic() >= t_wait:
+            notes += scratch
+            break
+        time.sleep(0.5)
+    for n in nodes:
+        if n not in snaps:
+            notes.append(f"no snapshot from {n}" + (" (Slurm reports it down)" if n in down
+                                                     else f" within {wait:.0f}s"))
+
+    bundle = _build_bundle(Path(st.bundle_dir) / cluster / f"{job_id}.{restart}", text,
+                           nodes_text, slurm_job.sacct(job_id, min(deadline,
+                                                                   time.monotonic() + 15)),
+                           snaps, info, env_job, restart, st, notes, slurm_job)
+    from .analysis import analyze_folder, load_rules
+    from .cli import _analysis_settings, _limits
+    d, _ = analyze_folder(bundle, settings=_analysis_settings(st), rules=load_rules(st.rules_dirs),
+                          limits=_limits(st), timezone=st.timezone)
+    (bundle / "diagnosis.json").write_text(d.model_dump_json(indent=2) + "\n")
+    from .store import open_store
+    open_store(st.database).upsert(d, cluster, bundle_path=str(bundle))
+    spool.remove_job(spool_dir)
+    root = d.root_cause
+    what = (f"{root.category.value} on {root.node}" if root else d.outcome.value)
+    return Outcome(True, f"job {job_id}.{restart}: {why}; diagnosed {what} in "
+                         f"{time.monotonic() - t0:.1f}s ({len(snaps)}/{len(nodes)} node "
+                         "snapshots)", d, bundle)
+
+
+def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, snaps: dict,
+                  info: dict, env_job, restart: int, st, notes: list, slurm_job) -> Path:
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "slurm").mkdir(parents=True)
+    if job_text:
+        (tmp / "slurm" / "job.txt").write_text(job_text)
+    if nodes_text:
+        (tmp / "slurm" / "nodes.txt").write_text(nodes_text)
+    if sacct_text.count("\n") > 1:
+        (tmp / "slurm" / "sacct.txt").write_text(sacct_text)
+    record = {"job_id": info.get("JobId") or (env_job.job_id if env_job else None),
+              "restart_cnt": restart}
+    if env_job is not None:
+        record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
+                      signal=env_job.signal, derived=env_job.derived)
+    (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
+    for node, snap in sorted(snaps.items()):
+        nd = tmp / node
+        nd.mkdir()
+        for name, content in sorted((snap.data.get("files") or {}).items()):
+            if "/" in name or name.startswith("."):
+                continue
+            (nd / name).write_text(content)
+        lines = []
+        for p in snap.data.get("probes") or []:
+            src = PROBE_SOURCE.get(p.get("name"), p.get("name"))
+            lines.append(f"probe={p.get('name')} source={src} ok={str(p.get('ok')).lower()} "
+                         f"reason={p.get('reason') or '-'} seconds={p.get('seconds', 0):.2f}")
+        lines.append(f"snapshot trusted by {snap.trusted_by}")
+        (nd / "sattrib-probes.txt").write_text("\n".join(lines) + "\n")
+    # The job's own output (written by the user: read with care).
+    uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
+    logs = tmp / "logs"
+    logs.mkdir()
+    if env_job is not None and not info.get("StdOut") and env_job.stdout:
+        info = dict(info, StdOut=env_job.stdout, WorkDir=env_job.work_dir or "/")
+    for i, src in enumerate(slurm_job.output_paths(info, st.extra_output_globs)):
+        name = f"{i:03d}-{os.path.basename(src)[:100]}"
+        slurm_job.copy_output(src, logs / name, uid, st.output_cap_mb << 20, notes)
+    if notes:
+        (tmp / "slurm" / "collect-notes.txt").write_text("\n".join(notes) + "\n")
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+    return dest

@@ -1,0 +1,63 @@
+"""Node Epilog: for a job that did not end cleanly, snapshot node-local evidence into the spool.
+
+Slurm drains a node whose Epilog fails or hangs, so this never raises, always exits 0 and keeps
+to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A job that
+exited 0 returns at once (the installed wrapper does that check before Python even starts).
+It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("sattrib.epilog")
+
+
+def snapshot(env, deadline: float) -> str:
+    from ..collectors import node_snapshot, slurm_env, spool
+    from ..config import load
+
+    job = slurm_env.from_env(env)
+    if job is None:
+        return "no SLURM_JOB_ID: not running as an Epilog"
+    if job.known and not job.nonzero:
+        return f"job {job.job_id}: exited 0, nothing to do"
+    st = load().settings
+    node = job.node or os.uname().nodename.split(".")[0]
+    snap = node_snapshot.collect(
+        job.job_id, job.restart, node, job.uid, job.start, deadline,
+        probe_timeout=st.probe_timeout_s, journal_dir=st.journal_dir,
+        journal_margin=st.journal_margin_s, journal_lookback=st.journal_lookback_s,
+        ib_root=st.ib_sysfs_root,
+        env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
+    cluster = job.cluster or st.cluster
+    path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
+                                deadline, munge=st.spool_auth == "munge",
+                                munge_socket=st.munge_socket)
+    failed = [p["name"] for p in snap["probes"] if not p["ok"]]
+    return (f"job {job.job_id}.{job.restart} on {node}: snapshot {path} "
+            f"({', '.join(sorted(snap['files'])) or 'no files'}"
+            f"{'; failed probes: ' + ', '.join(failed) if failed else ''})")
+
+
+def main(env=None) -> int:
+    t0 = time.monotonic()
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s sattrib-epilog[%(process)d] %(message)s")
+    try:
+        from ..config import load
+        budget = load().settings.epilog_budget_s
+    except Exception:                # a broken config must not cost the node
+        budget = 20.0
+    try:
+        msg = snapshot(os.environ if env is None else env, t0 + budget)
+        log.info("%s (%.2fs)", msg, time.monotonic() - t0)
+    except Exception:                # the one place a catch-all is right: never fail the node
+        log.exception("epilog snapshot failed (%.2fs)", time.monotonic() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""EpilogSlurmctld: return at once; a detached worker diagnoses the job.
+
+slurmctld runs this as SlurmUser, concurrently with the node Epilogs, and waits for it. So it
+only forks a worker into its own session (stdio on the worker log, no inherited descriptors)
+and exits 0. The worker (sattrib.collect) waits with a deadline for the node snapshots, reads
+scheduler state and the job's output, and stores the diagnosis.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("sattrib.epilog_slurmctld")
+
+
+def _worker(env: dict) -> None:
+    from ..collect import collect_job
+    from ..collectors import slurm_env
+    from ..config import load
+
+    st = load(env=env).settings
+    job = slurm_env.from_env(env)
+    if job is None:
+        log.info("no SLURM_JOB_ID: not running as EpilogSlurmctld")
+        return
+    out = collect_job(job.job_id, st, env_job=job)
+    log.info("%s", out.message)
+
+
+def _detach(log_path: str) -> bool:
+    """Double fork. Returns True in the worker, False in the caller."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)          # the middle child exits at once
+        return False
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        os.chdir("/")
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.closerange(3, 1024)
+        return True
+    except BaseException:
+        os._exit(0)
+
+
+def main() -> int:
+    t0 = time.monotonic()
+    env = dict(os.environ)
+    try:
+        from ..config import load
+        log_dir = load(env=env).settings.log_dir
+    except Exception:
+        log_dir = "/var/log/sattrib"
+    log_path = os.path.join(log_dir, "worker.log")
+    try:
+        if os.environ.get("SATTRIB_FOREGROUND") != "1" and not _detach(log_path):
+            return 0                                    # slurmctld's own process: done
+    except OSError:
+        pass                                            # cannot fork: do the work inline
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s sattrib-worker[%(process)d] %(message)s")
+    try:
+        _worker(env)
+    except Exception:                   # a worker crash must not leave a trace in slurmctld
+        log.exception("worker failed after %.1fs", time.monotonic() - t0)
+    finally:
+        logging.shutdown()
+        if os.environ.get("SATTRIB_FOREGROUND") != "1":
+            os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
