@@ -50,6 +50,7 @@ class Settings(BaseModel):
     journal_margin_s: float = Field(600.0, ge=0)
     journal_lookback_s: float = Field(86400.0, ge=0)   # when the job's start is unknown
     ib_sysfs_root: str = "/sys/class/infiniband"
+    probe_path: str = ""        # prepended to PATH for probes (nvidia-smi, dcgmi, journalctl)
     log_dir: str = "/var/log/sattrib"
     spool_auth: Literal["munge", "owner"] = "munge"
     spool_writer_uid: int = Field(0, ge=0)

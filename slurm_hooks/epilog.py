@@ -25,6 +25,8 @@ def snapshot(env, deadline: float) -> str:
     if job.known and not job.nonzero:
         return f"job {job.job_id}: exited 0, nothing to do"
     st = load().settings
+    if st.probe_path:
+        os.environ["PATH"] = st.probe_path + ":" + os.environ.get("PATH", os.defpath)
     node = job.node or os.uname().nodename.split(".")[0]
     snap = node_snapshot.collect(
         job.job_id, job.restart, node, job.uid, job.start, deadline,
