@@ -165,6 +165,8 @@ class Cause(_Out):
     category: Category
     node: Optional[str]
     gpu: Optional[str]
+    gpu_uuid: Optional[str] = None
+    gpu_serial: Optional[str] = None
     rank: Optional[int]
     summary: str
     first_seen: Optional[str]

@@ -224,6 +224,7 @@ class Links:
     rank_exit: dict = field(default_factory=dict)     # rank -> (time, exit code)
     host_node: dict = field(default_factory=dict)     # host name or IP -> node
     pid_rank: dict = field(default_factory=dict)      # (node, pid) -> rank
+    gpu_identity: dict = field(default_factory=dict)  # (node, pci) -> {"uuid", "serial"}
 
 
 def _resolve_host(host: Optional[str], nodes: set) -> Optional[str]:
@@ -285,6 +286,28 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
     for ev in events:
         if ev.rule.decode == "childfailed" and ev.rank is not None and ev.when is not None:
             L.rank_exit[ev.rank] = (ev.when, ev.caps.get("exitcode"))
+    # GPU identity: the kernel's "GPU at PCI:...: GPU-<uuid>" line (and the serial line right
+    # after it) and nvidia-smi's serial/UUID fields, per (node, PCI address).
+    last_pci: dict = {}
+    for ev in sorted((e for e in events if e.rule.id in ("gpu.identity", "gpu.smi_identity")),
+                     key=Event.sort_key):
+        node = ev.node or ev.line.node
+        key_doc = ev.line.doc
+        if ev.gpu:
+            last_pci[key_doc] = ev.gpu
+        pci = ev.gpu or last_pci.get(key_doc)
+        if not (node and pci):
+            continue
+        ident = L.gpu_identity.setdefault((node, pci), {})
+        if ev.caps.get("uuid"):
+            ident.setdefault("uuid", ev.caps["uuid"])
+        if ev.caps.get("serial"):
+            ident.setdefault("serial", ev.caps["serial"])
+        what, value = ev.caps.get("what", ""), ev.caps.get("value", "")
+        if "uuid" in what:
+            ident.setdefault("uuid", value)
+        elif "serial" in what and value.isdigit() and set(value) != {"0"}:
+            ident.setdefault("serial", value)
     # Apply: fill node, GPU and time bounds that a single line could not know.
     for ev in events:
         if ev.node is None:
@@ -693,7 +716,9 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
     for inc in winners:
         text, code = _cause(inc, links)
         ev_ids = [e.id for e in inc.events if e.id]
+        ident = links.gpu_identity.get((inc.node, inc.gpu), {}) if inc.gpu else {}
         causes.append(Cause(category=inc.category, node=inc.node, gpu=inc.gpu,
+                            gpu_uuid=ident.get("uuid"), gpu_serial=ident.get("serial"),
                             rank=inc.rank(links), summary=_summary(inc),
                             first_seen=_stamp(inc.first),
                             evidence=ev_ids, rule=inc.first.rule.id, action=text,
