@@ -116,7 +116,9 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
                           limits=_limits(st), timezone=st.timezone)
     if store:
         from .store import open_store
-        open_store(st.database).upsert(d, st.cluster)
+        db = open_store(st.database)
+        db.upsert(d, st.cluster, bundle_path=str(folder.resolve()))
+        db.sync_rules(rules)
     _emit(d, as_json)
 
 
@@ -177,6 +179,33 @@ def collect(ctx, job_id, restart, force, wait_s, as_json):
     _emit(out.diagnosis, as_json)
     if not as_json:
         click.echo(click.style(f"bundle {out.bundle}", dim=True))
+
+
+@main.command(epilog="""\b
+Examples:
+  sattrib serve                                  http://127.0.0.1:8001/
+  sattrib serve --host 0.0.0.0 --port 8080
+  SATTRIB_SERVE_BASE_URL=/sattrib/ sattrib serve behind a reverse proxy at /sattrib/
+""")
+@click.option("--host", help="Address to bind (serve_host).")
+@click.option("--port", type=int, help="Port (serve_port).")
+@click.option("--base-url", help="Path prefix when behind a reverse proxy (serve_base_url).")
+@click.option("--database", help="Database file.")
+@click.option("--print-command", is_flag=True, help="Print the Datasette command, do not run it.")
+@click.pass_context
+def serve(ctx, host, port, base_url, database, print_command):
+    """Start the read-only dashboard (Datasette) on the diagnoses database.
+
+    Recent failures, failures by category over time, node and GPU hotspots, unexplained
+    failures and missing telemetry, and one page per diagnosis with its timeline."""
+    from .serve import prepare, serve as run_serve
+    st = _settings(ctx, serve_host=host, serve_port=port, serve_base_url=base_url,
+                   database=database).settings
+    if print_command:
+        import shlex
+        click.echo(shlex.join(prepare(st)[0]))
+        return
+    run_serve(st)
 
 
 @main.group()
@@ -252,13 +281,16 @@ def demo(ctx, as_json, keep, no_store, database):
     from .analysis import analyze_folder, load_rules
     from .demo import JOB_ID, write_demo
     st = _settings(ctx, database=database).settings
+    rules = load_rules()
     with tempfile.TemporaryDirectory(prefix="sattrib-demo-") as tmp:
         folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}")
-        d, _ = analyze_folder(folder, settings=_analysis_settings(st), rules=load_rules(),
+        d, _ = analyze_folder(folder, settings=_analysis_settings(st), rules=rules,
                               limits=_limits(st))
     if not no_store:
         from .store import open_store
-        open_store(st.database).upsert(d, st.cluster)
+        db = open_store(st.database)
+        db.upsert(d, st.cluster, bundle_path=str(keep.resolve()) if keep else None)
+        db.sync_rules(rules)
     _emit(d, as_json)
     if not as_json and not no_store:
         click.echo(click.style(f"stored in {st.database}; see it again with `sattrib {JOB_ID}`",

@@ -136,11 +136,14 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
                            snaps, info, env_job, restart, st, notes, slurm_job)
     from .analysis import analyze_folder, load_rules
     from .cli import _analysis_settings, _limits
-    d, _ = analyze_folder(bundle, settings=_analysis_settings(st), rules=load_rules(st.rules_dirs),
+    rules = load_rules(st.rules_dirs)
+    d, _ = analyze_folder(bundle, settings=_analysis_settings(st), rules=rules,
                           limits=_limits(st), timezone=st.timezone)
     (bundle / "diagnosis.json").write_text(d.model_dump_json(indent=2) + "\n")
     from .store import open_store
-    open_store(st.database).upsert(d, cluster, bundle_path=str(bundle))
+    db = open_store(st.database)
+    db.upsert(d, cluster, bundle_path=str(bundle))
+    db.sync_rules(rules)
     spool.remove_job(spool_dir)
     root = d.root_cause
     what = (f"{root.category.value} on {root.node}" if root else d.outcome.value)

@@ -57,6 +57,39 @@ def m001_diagnoses(db: sqlite_utils.Database):
     db["missing_evidence"].create_index(["node"])
 
 
+@migrations()
+def m002_dashboard(db: sqlite_utils.Database):
+    """Columns, the rules table and the views the dashboard reads."""
+    for col in ("gpu_uuid", "gpu_serial", "root_rule"):
+        db["diagnoses"].add_column(col, str)
+    db["rules"].create({
+        "id": str, "domain": str, "title": str, "category": str, "role": str, "source": str,
+        "explain": str, "action": str, "refs": str, "file": str,
+    }, pk="id")
+    db.create_view("recent_failures", """
+        select id, cluster, job_id, restart, job_name, user, partition, job_state, node_count,
+               outcome, category, culprit_node, culprit_gpu, culprit_rank, summary, action,
+               first_seen, job_end, created_at
+        from diagnoses order by created_at desc, id""")
+    db.create_view("evidence_timeline", """
+        select e.diagnosis_id, d.cluster, d.job_id, d.restart, e.eid, e.role, e.source,
+               e.node, e.rank, e.gpu, e.timestamp, e.path, e.line, e.rule,
+               r.title as rule_title, e.category, e.text
+        from evidence e join diagnoses d on d.id = e.diagnosis_id
+        left join rules r on r.id = e.rule""")
+    db.create_view("gpu_culprits", """
+        select culprit_node as node, culprit_gpu as gpu, gpu_uuid, gpu_serial, category,
+               id as diagnosis_id, job_id, created_at
+        from diagnoses where outcome = 'attributed' and culprit_gpu is not null""")
+    db.create_view("missing_by_node", """
+        select m.node, m.source, count(*) as diagnoses, max(d.created_at) as last_seen
+        from missing_evidence m join diagnoses d on d.id = m.diagnosis_id
+        where m.node != 'job' group by m.node, m.source""")
+    db["evidence"].create_index(["rule"])
+    db["evidence"].create_index(["node"])
+    db["meta"].create({"key": str, "value": str}, pk="key")
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -126,6 +159,8 @@ class Store:
             "symptom_count": sum(s.get("count", 1) for s in d.get("symptoms") or []),
             "missing": json.dumps(d["completeness"]["missing"]),
             "rules_version": d.get("rules_version"), "engine_version": d.get("engine_version"),
+            "gpu_uuid": root.get("gpu_uuid"), "gpu_serial": root.get("gpu_serial"),
+            "root_rule": root.get("rule"),
             "updated_at": now, "bundle_path": bundle_path,
             "diagnosis_json": json.dumps(d, sort_keys=True),
         }
@@ -165,6 +200,33 @@ class Store:
                 raise
         self._retry(write)
         return did
+
+    def sync_rules(self, ruleset) -> None:
+        """The rules table mirrors the rule files, so the dashboard can explain each rule.
+        Rewritten only when the rules changed (many writers share the database)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'rules_version'").fetchone()
+        if row and row[0] == ruleset.version:
+            return
+        rows = [{"id": c.rule.id, "domain": c.rule.id.split(".")[0], "title": c.rule.title,
+                 "category": c.rule.category.value if c.rule.category else None,
+                 "role": c.rule.role.value, "source": ",".join(x.value for x in c.rule.source),
+                 "explain": c.rule.explain, "action": c.rule.action.value,
+                 "refs": json.dumps(c.rule.references), "file": c.path}
+                for c in ruleset.rules]
+
+        def write():
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("DELETE FROM rules")
+                self.db["rules"].insert_all(rows)
+                self.db["meta"].upsert({"key": "rules_version", "value": ruleset.version},
+                                       pk="key")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._retry(write)
 
     # -- reading ------------------------------------------------------------------------------
     def find(self, job_id: str, cluster: Optional[str] = None,

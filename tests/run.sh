@@ -5,7 +5,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    sh tests/integration/setup-system.sh
+    bash tests/integration/setup-system.sh
 fi
 python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the system packages needed by the Slurm / journal integration tests.
+# Install the system packages the integration tests start for real: Slurm, munge,
+# systemd-journal-remote (journal files), Chromium (the dashboard browser test).
 #
 # Idempotent and quick when everything is already present (no apt-get call at
 # all in that case).  Does NOT start any service: there is no systemd PID 1 on
@@ -9,7 +10,7 @@
 # Usage:  sudo bash tests/integration/setup-system.sh
 set -euo pipefail
 
-PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd)
+PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup-system.sh: must run as root" >&2
