@@ -101,8 +101,15 @@ class Store:
             if not self.path.exists():
                 raise UserError(f"no diagnoses database at {self.path}",
                                 "run `sattrib demo` or set `database` in /etc/sattrib/sattrib.toml")
-            uri = f"file:{self.path}?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                   timeout=BUSY_TIMEOUT_MS / 1000)
+            try:
+                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            except sqlite3.OperationalError:
+                # A user who may read the file but not create its WAL index (-shm) next to it:
+                # read the file as it is (what the writer last checkpointed).
+                conn.close()
+                conn = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True)
         else:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
