@@ -34,6 +34,12 @@ _KERNEL_NAME = re.compile(r"(journal|dmesg|kern|messages|syslog|kmsg)", re.I)
 _SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
 
 
+def _srun_prefixed(head: bytes) -> bool:
+    """`srun -l` output: most of the first lines start with a task number."""
+    lines = [ln for ln in head.split(b"\n", 60)[:60] if ln.strip()]
+    return len(lines) >= 3 and sum(1 for ln in lines if _SRUN.match(ln)) * 2 >= len(lines)
+
+
 def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
     text = head.decode("utf-8", "replace")
     if in_slurm:
@@ -238,8 +244,7 @@ class FolderReader:
                                              node=node, rank=None, text=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
-            srun = bool(kind == "rank_output" and len(_SRUN.findall(head)) >=
-                        max(3, head.count(b"\n") // 2))
+            srun = kind == "rank_output" and _srun_prefixed(head)
             lim = self.lim
             if self.kept_lines > self.job_line_cap:
                 # The job already gave plenty of matching lines: keep a little of each file.
@@ -277,10 +282,11 @@ class FolderReader:
         def confirm(data: bytes, lits):
             text = clean(data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
+            msg = p.message.encode("utf-8", "replace")
             hit = set()
             for rid in lits:
                 c = by_id.get(rid)
-                if c is not None and c.search(p.message):
+                if c is not None and c.search(msg):
                     hit.add(rid)
             if hit and all(by_id[r].rule.role.value == "context" for r in hit):
                 n = context_count[min(hit)] = context_count.get(min(hit), 0) + 1

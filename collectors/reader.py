@@ -31,7 +31,7 @@ class Limits:
     chunk: int = 8 * MiB
     segment_max: int = 16 * 1024     # bytes of one line kept around a hit
     max_hits: int = 4000             # hit lines kept per file (first 3/4 and last 1/4)
-    context_lines: int = 12          # neighbour lines looked at for timestamps
+    context_lines: int = 6           # neighbour lines looked at for timestamps
     context_bytes: int = 200         # of each neighbour, only the prefix matters
     sniff_bytes: int = 64 * 1024
 

@@ -47,7 +47,13 @@ def write_snapshot(spool: Path, cluster: str, job_id: str, restart: int, node: s
                    snapshot: dict, deadline: float, munge: bool = True,
                    munge_socket: str = "") -> Path:
     d = job_dir(spool, cluster, job_id, restart)
-    d.mkdir(parents=True, exist_ok=True, mode=0o2770)
+    for part in (d.parent, d):
+        if not part.is_dir():
+            part.mkdir(parents=True, exist_ok=True)
+            try:
+                os.chmod(part, 0o2770)     # whatever the umask: SlurmUser's group must delete
+            except OSError:
+                pass
     data = gzip.compress(json.dumps(snapshot, sort_keys=True).encode(), compresslevel=5, mtime=0)
     final = d / f"{_safe(node, 'node')}.snap.gz"
     _atomic_write(final, data)

@@ -146,10 +146,42 @@ def compile_rule_pattern(pattern: str, ignore_case: bool = False):
     opts.case_sensitive = not (ignore_case or bool(parsed.state.flags & re.IGNORECASE))
     opts.log_errors = False
     try:
-        rx = re2.compile(pattern, options=opts)
+        # Compiled for bytes: the Python binding is several times faster on bytes than on str.
+        rx = re2.compile(pattern.encode("utf-8"), options=opts)
     except re2.error as e:  # pragma: no cover - check_linear catches the known differences
         raise PatternError(f"RE2 cannot compile it: {e}") from None
-    return rx, lits, fold
+    return BytesPattern(rx), lits, fold
+
+
+class Match:
+    """A match on UTF-8 bytes, answering in str like a `re` match."""
+    __slots__ = ("_m",)
+
+    def __init__(self, m):
+        self._m = m
+
+    def groupdict(self) -> dict:
+        return {(k.decode() if isinstance(k, bytes) else k):
+                (None if v is None else v.decode("utf-8", "replace"))
+                for k, v in self._m.groupdict().items()}
+
+    def group(self, name=0):
+        if isinstance(name, str):
+            return self.groupdict().get(name)
+        v = self._m.group(name)
+        return None if v is None else v.decode("utf-8", "replace")
+
+
+class BytesPattern:
+    """An RE2 pattern searched on the UTF-8 encoding of a str."""
+    __slots__ = ("rx",)
+
+    def __init__(self, rx):
+        self.rx = rx
+
+    def search(self, text):
+        m = self.rx.search(text if isinstance(text, bytes) else text.encode("utf-8", "replace"))
+        return Match(m) if m else None
 
 
 class Prefilter:

@@ -35,7 +35,8 @@ class CompiledRule:
     caseless: bool
     path: str
 
-    def search(self, message: str):
+    def search(self, message):
+        """RE2 search on a line (str or its UTF-8 bytes); None or a match with str groups."""
         return self.rx.search(message)
 
 
