@@ -112,9 +112,7 @@ class FolderReader:
         self.lim = limits or Limits()
         self.utc_offset = utc_offset
         self.offset = 0
-        self.kept_lines = 0
         self.job_line_cap = 200_000
-        self.job_cap_noted = False
         self._no_stamps = 0
         self.owner = owner
         self.lit_rules = rules.literal_rules
@@ -156,13 +154,76 @@ class FolderReader:
                     os.close(fd)
                 except SkipFile:
                     pass
+        jobs = []
         for path, rel in slurm_files + other:
             if rel == "slurm/collect-notes.txt":
                 continue
             first = rel.split("/", 1)[0]
             node = first if ("/" in rel and first not in RESERVED) else None
-            self._read_file(path, rel, node, rel.startswith("slurm/"), tc, bundle)
+            jobs.append((path, rel, node, rel.startswith("slurm/")))
+        for part in self._read_all(jobs, tc):
+            bundle.documents.extend(part.documents)
+            bundle.lines.extend(part.lines)
+            bundle.notes.extend(part.notes)
+        self._cap_job(bundle)
         return bundle
+
+    PARALLEL_MIN_BYTES = 64 << 20
+
+    def _read_all(self, jobs: list, tc: TimeContext) -> list:
+        """Read every file; big jobs are spread over processes (files are independent).
+        Results come back in file order, so the bundle is the same either way."""
+        total = 0
+        for path, *_ in jobs:
+            try:
+                total += os.lstat(path).st_size
+            except OSError:
+                pass
+        workers = min(os.cpu_count() or 1, 8, len(jobs))
+        if workers > 1 and total >= self.PARALLEL_MIN_BYTES and hasattr(os, "fork"):
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+            self.rules.prefilter                 # build once; forked workers share it
+            global _FORK_STATE
+            _FORK_STATE = (self, jobs, tc)
+            chunks = [list(range(i, len(jobs), workers)) for i in range(workers)]
+            try:
+                with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
+                        "fork")) as ex:
+                    parts = list(ex.map(_read_in_worker, chunks))
+            finally:
+                _FORK_STATE = None
+            by_index = {}
+            for chunk, res in zip(chunks, parts):
+                for i, part in zip(chunk, res):
+                    by_index[i] = part
+            return [by_index[i] for i in range(len(jobs))]
+        return [self._read_one(*job, tc) for job in jobs]
+
+    def _read_one(self, path, rel, node, in_slurm, tc) -> Bundle:
+        part = Bundle(name=rel, job=JobInfo())
+        self._read_file(path, rel, node, in_slurm, tc, part)
+        return part
+
+    def _cap_job(self, bundle: Bundle) -> None:
+        """Bound the whole job: past `job_line_cap` matching lines, later files keep only the
+        first and last few of theirs (in file order, so the result does not depend on how the
+        reading was spread)."""
+        if len(bundle.lines) <= self.job_line_cap:
+            return
+        kept, per_doc, seen = [], {}, 0
+        for ln in bundle.lines:
+            per_doc.setdefault(ln.doc, []).append(ln)
+        cut_docs = 0
+        for doc, lines in per_doc.items():
+            if seen + len(lines) > self.job_line_cap and len(lines) > 40:
+                lines = lines[:30] + lines[-10:]
+                cut_docs += 1
+            seen += len(lines)
+            kept.extend(lines)
+        bundle.lines = kept
+        bundle.notes.append(f"more than {self.job_line_cap} matching lines in the job: "
+                            f"{cut_docs} later files keep their first 30 and last 10")
 
     # -- scheduler facts --------------------------------------------------------------------
     def _job(self, files, bundle: Bundle) -> JobInfo:
@@ -245,16 +306,8 @@ class FolderReader:
                                              message=clean(fact)[:2000]))
                 return
             srun = kind == "rank_output" and _srun_prefixed(head)
-            lim = self.lim
-            if self.kept_lines > self.job_line_cap:
-                # The job already gave plenty of matching lines: keep a little of each file.
-                lim = Limits(**{**self.lim.__dict__, "max_hits": 40})
-                if not self.job_cap_noted:
-                    bundle.notes.append(f"more than {self.job_line_cap} matching lines in the "
-                                        f"job: from {rel} on, at most 40 kept per file")
-                    self.job_cap_noted = True
             res = scan(fd, st.st_size, self.rules.prefilter, self.lit_rules, self.lines_after,
-                       lim, confirm=self._confirmer(kind, srun))
+                       self.lim, confirm=self._confirmer(kind, srun))
             doc.truncated_bytes = res.cut
             doc.notes.extend(res.notes)
             rank_hint = None
@@ -266,7 +319,6 @@ class FolderReader:
                 ln = self._line(doc, h, tc, srun, rank_hint)
                 if ln is not None:
                     bundle.lines.append(ln)
-                    self.kept_lines += 1
         finally:
             os.close(fd)
 
@@ -311,7 +363,12 @@ class FolderReader:
         rank = p.rank if p.rank is not None else rank_hint
         ts = tc.epoch(p.stamp)
         after = before = None
-        if ts is None and self._no_stamps < 32:
+        by_id = self.rules.by_id
+        # Only a line that may become a root needs its time bounded by its neighbours:
+        # symptoms are never ordered against each other.
+        wants_time = any((c := by_id.get(r)) is not None and (
+            c.rule.role.value == "root" or c.rule.decode) for r in h.lits)
+        if ts is None and wants_time and self._no_stamps < 32:
             # A file whose lines carry no time stamps (NCCL output) stops being searched.
             after = self._neighbour(h.prev, tc, srun, p.rank)
             before = self._neighbour(h.next, tc, srun, p.rank)
@@ -359,3 +416,11 @@ class FolderReader:
                     source=Source.kernel if kernel else Source.system, node=doc.node, rank=None,
                     text=text, message=text, ts=ts, ts_res=1e-6,
                     cursor=rec.get("__CURSOR"), candidates=tuple(sorted(h.lits)))
+
+
+_FORK_STATE = None
+
+
+def _read_in_worker(indexes: list) -> list:
+    reader, jobs, tc = _FORK_STATE
+    return [reader._read_one(*jobs[i], tc) for i in indexes]
