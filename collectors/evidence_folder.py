@@ -322,7 +322,7 @@ class FolderReader:
         finally:
             os.close(fd)
 
-    CONTEXT_CAP = 64      # lines per file kept for a rule that only locates (role context)
+    CONTEXT_CAP = 8       # lines per file kept for a rule that only locates (role context)
 
     def _confirmer(self, kind: str, srun: bool):
         """Runs the rules a line's literals point at; the scanner drops lines none matches."""

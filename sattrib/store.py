@@ -90,6 +90,13 @@ def m002_dashboard(db: sqlite_utils.Database):
     db["meta"].create({"key": str, "value": str}, pk="key")
 
 
+@migrations()
+def m003_lookup_indexes(db: sqlite_utils.Database):
+    """`sattrib <jobid>` looks up by job id alone; lists page newest first."""
+    db["diagnoses"].create_index(["job_id", "cluster", "restart"])
+    db["diagnoses"].create_index(["created_at", "id"])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
