@@ -136,11 +136,13 @@ Examples:
 @click.pass_context
 def show(ctx, job_id, as_json, cluster, restart, database):
     """Show the stored diagnosis of a job (what `sattrib JOBID` runs)."""
-    from .store import open_store
-    st = _settings(ctx, database=database).settings
-    rows = open_store(st.database, readonly=True).find(job_id, cluster, restart)
+    import os
+    from . import paths
+    from .lookup import connect_readonly, find
+    db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
+    rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
     if not rows:
-        raise UserError(f"no diagnosis for job {job_id} in {st.database}",
+        raise UserError(f"no diagnosis for job {job_id} in {db_path}",
                         f"run `sattrib collect {job_id}` on the controller, or "
                         "`sattrib analyze DIR --store` on an evidence folder")
     if as_json:

@@ -14,15 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import UserError
 
-SYSTEM_CONFIG = Path("/etc/sattrib/sattrib.toml")
-SYSTEM_DATA = Path("/var/lib/sattrib")
-
-
-def _default_database() -> str:
-    if SYSTEM_DATA.is_dir():
-        return str(SYSTEM_DATA / "diagnoses.db")
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return str(Path(base) / "sattrib" / "diagnoses.db")
+from .paths import SYSTEM_CONFIG
+from .paths import default_database as _default_database
 
 
 class Settings(BaseModel):
@@ -95,9 +88,9 @@ class Loaded:
 
 def load(flags: Optional[dict] = None, path: Optional[Path] = None,
          env: Optional[dict] = None) -> Loaded:
+    from .paths import config_path
     env = os.environ if env is None else env
-    path = Path(env.get("SATTRIB_CONFIG", "")) if env.get("SATTRIB_CONFIG") else (
-        path or SYSTEM_CONFIG)
+    path = config_path(path, env)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if path.is_file():

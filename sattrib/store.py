@@ -105,18 +105,8 @@ class Store:
     def __init__(self, path: str | Path, readonly: bool = False):
         self.path = Path(path)
         if readonly:
-            if not self.path.exists():
-                raise UserError(f"no diagnoses database at {self.path}",
-                                "run `sattrib demo` or set `database` in /etc/sattrib/sattrib.toml")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
-                                   timeout=BUSY_TIMEOUT_MS / 1000)
-            try:
-                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-            except sqlite3.OperationalError:
-                # A user who may read the file but not create its WAL index (-shm) next to it:
-                # read the file as it is (what the writer last checkpointed).
-                conn.close()
-                conn = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True)
+            from .lookup import connect_readonly
+            conn = connect_readonly(self.path)
         else:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,21 +235,8 @@ class Store:
     # -- reading ------------------------------------------------------------------------------
     def find(self, job_id: str, cluster: Optional[str] = None,
              restart: Optional[int] = None) -> list[dict]:
-        where, args = ["job_id = ?"], [job_id]
-        if cluster:
-            where.append("cluster = ?")
-            args.append(cluster)
-        if restart is not None:
-            where.append("restart = ?")
-            args.append(restart)
-        try:
-            rows = self.db.execute(
-                "SELECT cluster, restart, diagnosis_json FROM diagnoses WHERE "
-                + " AND ".join(where) + " ORDER BY cluster, restart", args).fetchall()
-        except sqlite3.OperationalError as e:
-            raise UserError(f"cannot read {self.path}: {e}",
-                            "is it a sattrib database? run `sattrib demo` to create one") from None
-        return [{"cluster": c, "restart": r, "diagnosis": json.loads(j)} for c, r, j in rows]
+        from .lookup import find
+        return find(self.db.conn, self.path, job_id, cluster, restart)
 
 
 def _family(cat: Optional[str]) -> Optional[str]:

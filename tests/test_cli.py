@@ -106,3 +106,15 @@ def _commands(group, prefix=()):
 def test_every_command_has_help_with_examples(path):
     r = CliRunner().invoke(main, [*path, "--help"])
     assert r.exit_code == 0 and "Examples:" in r.output and "sattrib" in r.output
+
+
+def test_show_stays_light():
+    """`sattrib <jobid>` is typed by people: it must not import the heavy parts."""
+    assert run("demo").returncode == 0
+    code = ("import sys\nfrom sattrib.cli import main\n"
+            "try:\n    main(['1001'], prog_name='sattrib')\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('pydantic', 'sqlite_utils', 'sattrib.engine.pipeline', 're2', "
+            "'hyperscan', 'yaml') if m in sys.modules]\nprint('HEAVY', heavy)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ))
+    assert "HEAVY []" in r.stdout, r.stdout[-500:] + r.stderr[-500:]

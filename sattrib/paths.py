@@ -1,0 +1,41 @@
+"""Where things are, resolved without the settings model: `sattrib <jobid>` is typed by people
+and must not pay for importing the validation machinery to find one file."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+SYSTEM_CONFIG = Path("/etc/sattrib/sattrib.toml")
+SYSTEM_DATA = Path("/var/lib/sattrib")
+
+
+def default_database() -> str:
+    if SYSTEM_DATA.is_dir():
+        return str(SYSTEM_DATA / "diagnoses.db")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "sattrib" / "diagnoses.db")
+
+
+def config_path(explicit: Optional[Path] = None, env=os.environ) -> Path:
+    if env.get("SATTRIB_CONFIG"):
+        return Path(env["SATTRIB_CONFIG"])
+    return explicit or SYSTEM_CONFIG
+
+
+def database(flag: Optional[str] = None, config: Optional[Path] = None, env=os.environ) -> str:
+    """flag > SATTRIB_DATABASE > the config file's `database` > default (as the settings do)."""
+    if flag:
+        return flag
+    if env.get("SATTRIB_DATABASE"):
+        return env["SATTRIB_DATABASE"]
+    path = config_path(config, env)
+    if path.is_file():
+        import tomllib
+        try:
+            value = tomllib.loads(path.read_text(encoding="utf-8")).get("database")
+        except (OSError, tomllib.TOMLDecodeError):
+            value = None          # the full settings loader reports the error properly
+        if isinstance(value, str) and value:
+            return value
+    return default_database()
