@@ -22,7 +22,7 @@ from ..engine.taxonomy import Source
 from . import ibstat, nvidia_smi, slurm_state
 from .reader import Limits, SkipFile, open_regular, read_head, scan
 
-RESERVED = {"slurm", "logs", "expected.json"}
+RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
 MAX_FILES_PER_DIR = 5000
 MAX_DEPTH = 3
 STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
@@ -125,7 +125,7 @@ class FolderReader:
         top: list[tuple[Path, str]] = []
         _walk(root, "", 0, top, bundle.notes)
         slurm_files = [(p, r) for p, r in top if r.startswith("slurm/")]
-        other = [(p, r) for p, r in top if not r.startswith("slurm/") and r != "expected.json"]
+        other = [(p, r) for p, r in top if not r.startswith("slurm/") and r not in RESERVED]
         bundle.job = self._job(slurm_files, bundle)
         offset = self.utc_offset
         if callable(offset):

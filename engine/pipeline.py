@@ -44,7 +44,7 @@ MAX_INCIDENT_EVIDENCE = 40
 @dataclass
 class Settings:
     window_before: float = 600.0     # seconds before job start that still count
-    window_after: float = 120.0      # seconds after job end that still count
+    window_after: float = 300.0      # seconds after job end that still count (clock skew)
     clock_skew: float = 0.0          # tolerance when ordering events of different nodes
     utc_offset: int = 0
 

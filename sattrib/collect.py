@@ -106,6 +106,15 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
     notes: list[str] = []
     nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
     spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
+    bundle_dir = Path(st.bundle_dir) / cluster / f"{job_id}.{restart}"
+    for stale in bundle_dir.parent.glob(f".{bundle_dir.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)       # left by a worker that was killed
+    if not spool_dir.exists() and (bundle_dir / "diagnosis.json").is_file():
+        # A rerun after the run was fully collected (its snapshots are gone from the spool):
+        # replay the kept bundle rather than rebuild it with less evidence.
+        d = _analyze_and_store(bundle_dir, cluster, st)
+        return Outcome(True, f"job {job_id}.{restart}: replayed its evidence bundle", d,
+                       bundle_dir)
 
     # Wait for the node snapshots; nodes Slurm already knows are down will not send one.
     nodes_text = slurm_job.scontrol_nodes(nodes, min(deadline, time.monotonic() + 10))
@@ -130,26 +139,33 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
             notes.append(f"no snapshot from {n}" + (" (Slurm reports it down)" if n in down
                                                      else f" within {wait:.0f}s"))
 
-    bundle = _build_bundle(Path(st.bundle_dir) / cluster / f"{job_id}.{restart}", text,
+    bundle = _build_bundle(bundle_dir, text,
                            nodes_text, slurm_job.sacct(job_id, min(deadline,
                                                                    time.monotonic() + 15)),
                            snaps, info, env_job, restart, st, notes, slurm_job)
-    from .analysis import analyze_folder, load_rules
-    from .cli import _analysis_settings, _limits
-    rules = load_rules(st.rules_dirs)
-    d, _ = analyze_folder(bundle, settings=_analysis_settings(st), rules=rules,
-                          limits=_limits(st), timezone=st.timezone)
-    (bundle / "diagnosis.json").write_text(d.model_dump_json(indent=2) + "\n")
-    from .store import open_store
-    db = open_store(st.database)
-    db.upsert(d, cluster, bundle_path=str(bundle))
-    db.sync_rules(rules)
+    d = _analyze_and_store(bundle, cluster, st)
     spool.remove_job(spool_dir)
     root = d.root_cause
     what = (f"{root.category.value} on {root.node}" if root else d.outcome.value)
     return Outcome(True, f"job {job_id}.{restart}: {why}; diagnosed {what} in "
                          f"{time.monotonic() - t0:.1f}s ({len(snaps)}/{len(nodes)} node "
                          "snapshots)", d, bundle)
+
+
+def _analyze_and_store(bundle: Path, cluster: str, st):
+    from .analysis import analyze_folder, load_rules
+    from .cli import _analysis_settings, _limits
+    from .store import open_store
+    rules = load_rules(st.rules_dirs)
+    d, _ = analyze_folder(bundle, settings=_analysis_settings(st), rules=rules,
+                          limits=_limits(st), timezone=st.timezone)
+    tmp = bundle / ".diagnosis.json.tmp"
+    tmp.write_text(d.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, bundle / "diagnosis.json")
+    db = open_store(st.database)
+    db.upsert(d, cluster, bundle_path=str(bundle))
+    db.sync_rules(rules)
+    return d
 
 
 def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, snaps: dict,

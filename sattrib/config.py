@@ -30,7 +30,7 @@ class Settings(BaseModel):
 
     # -- analysis ----------------------------------------------------------------------------
     window_before_s: float = Field(600.0, ge=0)
-    window_after_s: float = Field(120.0, ge=0)
+    window_after_s: float = Field(300.0, ge=0)
     clock_skew_s: float = Field(0.0, ge=0)
     timezone: str = "UTC"
     file_cap_mb: int = Field(512, ge=1)
