@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import CASES
+from helpers import CASES
 from sattrib.analysis import analyze_folder
 from sattrib.collectors.evidence_folder import FolderReader
 from sattrib.engine.pipeline import diagnose

@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from conftest import CASES
+from helpers import CASES
 from sattrib.cli import main
 
 

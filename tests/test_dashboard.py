@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CASES, ROOT
+from helpers import CASES, ROOT
 from sattrib.analysis import analyze_folder, load_rules
 from sattrib.config import Settings
 from sattrib.demo import write_demo

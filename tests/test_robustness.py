@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import CASES
+from helpers import CASES
 from sattrib.analysis import analyze_folder
 from sattrib.collectors import ibstat, nvidia_smi, slurm_state, spool
 from sattrib.engine import hostlist, xid

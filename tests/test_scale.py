@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CASES
+from helpers import CASES
 from sattrib.serve import dashboard_dir
 from sattrib.store import Store
 

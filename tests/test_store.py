@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from conftest import CASES
+from helpers import CASES
 from sattrib.analysis import analyze_folder
 from sattrib.errors import UserError
 from sattrib.store import Store
