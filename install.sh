@@ -428,10 +428,9 @@ export PATH SATTRIB_CONFIG
 # The spool is root:<SlurmUser group> 2770: what the hook creates there must stay group-writable,
 # so that the controller worker (SlurmUser) can delete it.
 umask 007
-# Fast path: the job ended cleanly; nothing to collect, no Python started.
-if [ "\${SLURM_JOB_EXIT_CODE:-0}" = 0 ] &&
-   { [ "\${SLURM_JOB_DERIVED_EC:-0}" = 0 ] || [ "\${SLURM_JOB_DERIVED_EC:-0}" = 0:0 ]; } &&
-   [ "\${SLURM_JOB_EXIT_CODE2:-0:0}" = 0:0 ]; then
+# Fast path: the job ended cleanly; nothing to collect, no Python started. (The derived exit
+# code is not looked at: a requeued job carries its earlier run's value.)
+if [ "\${SLURM_JOB_EXIT_CODE:-0}" = 0 ] && [ "\${SLURM_JOB_EXIT_CODE2:-0:0}" = 0:0 ]; then
     exit 0
 fi
 log='$LOG/epilog.log'

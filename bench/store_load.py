@@ -47,7 +47,7 @@ def _write(args):
 def writers(n: int, tmp: Path) -> dict:
     from sattrib.store import Store
     db = tmp / "load.db"
-    Store(db)
+    Store(db).db.conn.close()        # never fork with an open SQLite connection
     payload = _diag().model_dump_json()
     ctx = multiprocessing.get_context("fork")
     t0 = time.monotonic()

@@ -245,9 +245,21 @@ class FolderReader:
                 sacct += slurm_state.parse_sacct(text)
             elif kind == "slurm_json":
                 js += slurm_state.parse_json(text)
-        job = slurm_state.merge(*(scon[:1] + js[:1]))
+        own = [j for j in js if j.own_run]
+        other = [j for j in js if not j.own_run]
+        job = slurm_state.merge(*(scon[:1] + other[:1]))
         runs = [j for j in sacct if j.start and j.end]
-        if job.state == "PENDING" and runs:
+        if own:
+            # sattrib's own record of the run it collected: its restart count and times win
+            # over scontrol's, which may already describe the next run of a requeued job.
+            run = own[0]
+            job.restart = run.restart
+            job.start = run.start or job.start
+            job.end = run.end or job.end
+            job.nodes = run.nodes or job.nodes
+            if job.state in ("PENDING", "REQUEUED"):
+                job.state = "REQUEUED"
+        elif job.state == "PENDING" and runs:
             # Requeued: the record now describes the next run; the run that ended is in sacct.
             last = runs[-1]
             job.state, job.start, job.end, job.nodes = last.state, last.start, last.end, \
@@ -322,7 +334,7 @@ class FolderReader:
         finally:
             os.close(fd)
 
-    CONTEXT_CAP = 8       # lines per file kept for a rule that only locates (role context)
+    CONTEXT_CAP = 2       # lines per file kept for a rule that only locates (role context)
 
     def _confirmer(self, kind: str, srun: bool):
         """Runs the rules a line's literals point at; the scanner drops lines none matches."""

@@ -33,12 +33,11 @@ class JobEnv:
 
     @property
     def nonzero(self) -> bool:
-        """Anything in the environment saying the job did not end cleanly."""
+        """The environment says the job did not end cleanly. The derived exit code (highest
+        step exit code) is not used: a requeued job carries its earlier run's value."""
         if self.exit_status not in (None, 0):
             return True
-        if self.exit_code not in (None, 0) or self.signal not in (None, 0):
-            return True
-        return self.derived not in (None, "", "0", "0:0")
+        return self.exit_code not in (None, 0) or self.signal not in (None, 0)
 
     @property
     def known(self) -> bool:

@@ -38,6 +38,13 @@ def scontrol_job(job_id: str, deadline: float) -> tuple[str, str]:
     return "", (r.err.decode("utf-8", "replace").strip() or r.reason)[:300]
 
 
+def cluster_name(deadline: float) -> Optional[str]:
+    """ClusterName from `scontrol show config` (what the hooks see as SLURM_CLUSTER_NAME)."""
+    r = probe.run("scontrol", ["scontrol", "show", "config"], deadline, max_bytes=1 << 20)
+    m = re.search(r"^ClusterName\s*=\s*(\S+)", r.out.decode("utf-8", "replace"), re.M)
+    return m.group(1) if r.ok and m else None
+
+
 def scontrol_nodes(nodes: list, deadline: float) -> str:
     if not nodes:
         return ""
@@ -63,7 +70,9 @@ def pyslurm_job(job_id: str) -> Optional[str]:
         return None
     try:
         lib = pyslurm.version() if hasattr(pyslurm, "version") else ""
-        r = probe.run("scontrol", ["scontrol", "--version"], float("inf"), max_bytes=4096)
+        import time
+        r = probe.run("scontrol", ["scontrol", "--version"], time.monotonic() + 5,
+                      max_bytes=4096)
         installed = re.search(r"(\d+)\.(\d+)", r.out.decode())
         ours = re.search(r"(\d+)\.(\d+)", str(lib))
         if not installed or not ours or installed.groups() != ours.groups():

@@ -140,7 +140,7 @@ def parse_json(text: str) -> list[JobInfo]:
             end=float(end) if end else None,
             nodes=expand(r.get("nodes") or ""),
             num_tasks=num(r.get("tasks")) if not isinstance(r.get("tasks"), dict) else None,
-            batch_host=r.get("batch_host")))
+            batch_host=r.get("batch_host"), own_run=bool(r.get("sattrib_run"))))
     return out
 
 

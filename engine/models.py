@@ -121,6 +121,7 @@ class JobInfo:
     num_tasks: Optional[int] = None
     tasks_per_node: Optional[int] = None
     batch_host: Optional[str] = None
+    own_run: bool = False          # sattrib's own record of a collected run
 
 
 @dataclass

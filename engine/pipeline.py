@@ -313,6 +313,9 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
         if ev.node is None:
             n = _resolve_host(ev.caps.get("node"), nodes) or \
                 _resolve_host(ev.caps.get("nccl_host"), nodes)
+            if n is None and ev.source == Source.scheduler and _PLAIN_HOST.match(
+                    ev.caps.get("node") or ""):
+                n = ev.caps["node"]            # Slurm itself names the node
             if n is None and ev.rank is not None:
                 n = L.rank_node.get(ev.rank)
             ev.node = n
@@ -333,6 +336,9 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             if ev.hi is None or ev.hi > t:
                 ev.hi = t
     return L
+
+
+_PLAIN_HOST = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")
 
 
 def _busid(b: str) -> str:

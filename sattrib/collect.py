@@ -35,9 +35,30 @@ class Outcome:
     bundle: Optional[Path] = None
 
 
+def _epoch(value: Optional[str]) -> Optional[float]:
+    from .engine.lineparse import TimeContext, parse_stamp_text
+    if not value or value in ("Unknown", "None"):
+        return None
+    return TimeContext().epoch(parse_stamp_text(value))
+
+
+def _drop_unused_snapshots(spool, st, cluster, job_id, restart, env_job) -> None:
+    """A run that is not diagnosed may still have snapshots on the way (a stale derived exit
+    code made the nodes take them): give them a moment to land, then remove them."""
+    d = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
+    if env_job is not None and env_job.nonzero:
+        time.sleep(min(st.collect_wait_s, 15))
+    if d.exists():
+        spool.remove_job(d)
+
+
 def _failed(env_job, info: dict, restart: int, job_states: list) -> tuple[bool, str]:
     state = (info.get("JobState") or "").upper()
     restarts = int(info.get("Restarts") or 0) if str(info.get("Restarts", "")).isdigit() else 0
+    if state == "COMPLETED" and env_job is not None and not env_job.exit_status \
+            and not env_job.exit_code and not env_job.signal:
+        # The derived exit code can be left over from an earlier run of a requeued job.
+        return False, "state COMPLETED, exit 0"
     if env_job is not None and env_job.nonzero:
         return True, (f"exit {env_job.exit_code}:{env_job.signal} (derived "
                       f"{env_job.derived or '0:0'})")
@@ -71,10 +92,15 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
 
     st = settings
     t0 = time.monotonic()
-    cluster = (env_job.cluster if env_job and env_job.cluster else st.cluster)
+    ended = time.time()                       # the worker starts when the job ends
     wait = st.collect_wait_s if wait_snapshots is None else wait_snapshots
     deadline = t0 + wait + 60
+    cluster = env_job.cluster if env_job and env_job.cluster else None
+    if cluster is None:
+        # `sattrib collect` by hand: file the run under the name the hooks use.
+        cluster = slurm_job.cluster_name(min(deadline, t0 + 10)) or st.cluster
 
+    first, _ = slurm_job.scontrol_job(job_id, min(deadline, t0 + 10))
     text, err = slurm_job.wait_final(job_id, min(deadline, t0 + 30))
     if not text:
         text = slurm_job.pyslurm_job(job_id) or ""
@@ -89,20 +115,28 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
             restart -= 1                     # the run that ended is the one before this one
     failed, why = _failed(env_job, info, restart, st.job_states)
     if not failed and not force:
+        _drop_unused_snapshots(spool, st, cluster, job_id, restart, env_job)
         return Outcome(False, f"job {job_id}.{restart}: not diagnosed ({why})")
+    # The run's own start and end: once a requeued job is PENDING again, scontrol shows the
+    # next run's times; the first reading (COMPLETING) still had this run's start.
+    run = {"start_time": _epoch(slurm_job.kv(first).get("StartTime") if first else None)
+           or (env_job.start if env_job else None),
+           "end_time": ended if env_job is not None else
+           _epoch(info.get("EndTime"))}
 
     lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}", 120)
     if lock is None:
         return Outcome(False, f"job {job_id}.{restart}: another worker holds its lock")
     try:
         return _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
-                               t0, wait, deadline, spool, slurm_job, expand)
+                               t0, wait, deadline, spool, slurm_job, expand, run)
     finally:
         os.close(lock)
 
 
 def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, wait,
-                    deadline, spool, slurm_job, expand) -> Outcome:
+                    deadline, spool, slurm_job, expand, run) -> Outcome:
+    from .engine.hostlist import compress
     notes: list[str] = []
     nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
     spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
@@ -122,6 +156,12 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
             if ln.startswith("NodeName=") and any(s in ln for s in (
                 "State=DOWN", "NOT_RESPONDING", "State=FAIL", "State=UNKNOWN"))}
     expect = [n for n in nodes if n not in down]
+    if env_job is not None and env_job.known and not env_job.nonzero:
+        # The nodes saw exit 0 too (a NODE_FAIL, a scancel): their Epilogs took the fast path
+        # and will not send snapshots. Nothing to wait for.
+        expect = []
+        notes.append("the job's exit status was 0 (a scheduler-ended run): the node "
+                      "Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
     t_wait = time.monotonic() + wait
     snaps: dict = {}
@@ -134,15 +174,17 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
             notes += scratch
             break
         time.sleep(0.5)
+    quiet = env_job is not None and env_job.known and not env_job.nonzero
     for n in nodes:
-        if n not in snaps:
+        if n not in snaps and (n in down or not quiet):
             notes.append(f"no snapshot from {n}" + (" (Slurm reports it down)" if n in down
                                                      else f" within {wait:.0f}s"))
 
     bundle = _build_bundle(bundle_dir, text,
                            nodes_text, slurm_job.sacct(job_id, min(deadline,
                                                                    time.monotonic() + 15)),
-                           snaps, info, env_job, restart, st, notes, slurm_job)
+                           snaps, info, env_job, restart, st, notes, slurm_job,
+                           dict(run, nodes=compress(nodes)))
     d = _analyze_and_store(bundle, cluster, st)
     spool.remove_job(spool_dir)
     root = d.root_cause
@@ -169,7 +211,8 @@ def _analyze_and_store(bundle: Path, cluster: str, st):
 
 
 def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, snaps: dict,
-                  info: dict, env_job, restart: int, st, notes: list, slurm_job) -> Path:
+                  info: dict, env_job, restart: int, st, notes: list, slurm_job,
+                  run: dict) -> Path:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "slurm").mkdir(parents=True)
@@ -180,7 +223,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if sacct_text.count("\n") > 1:
         (tmp / "slurm" / "sacct.txt").write_text(sacct_text)
     record = {"job_id": info.get("JobId") or (env_job.job_id if env_job else None),
-              "restart_cnt": restart}
+              "restart_cnt": restart, "sattrib_run": True,
+              **{k: v for k, v in run.items() if v is not None}}
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
                       signal=env_job.signal, derived=env_job.derived)

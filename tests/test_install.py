@@ -335,7 +335,9 @@ def _run_hook(path: Path, env: dict, timeout: float = 60):
     {"SLURM_JOB_ID": "42", "SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_EXIT_CODE2": "0:0",
      "SLURM_JOB_DERIVED_EC": "0:0"},
     {"SLURM_JOB_ID": "43"},
-], ids=["derived-0", "derived-0:0", "unset"])
+    {"SLURM_JOB_ID": "44", "SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_EXIT_CODE2": "0:0",
+     "SLURM_JOB_DERIVED_EC": "15"},
+], ids=["derived-0", "derived-0:0", "unset", "stale-derived"])
 def test_epilog_fast_path_starts_no_python(main, env):
     log = main.log / "epilog.log"
     size = log.stat().st_size if log.exists() else -1

@@ -63,7 +63,9 @@ def test_concurrent_writers_lose_nothing(tmp_path, rules):
     from sattrib.analysis import analyze_folder
     d, _ = analyze_folder(CASES / "xid79_srun_combined_log", rules=rules)
     db = tmp_path / "d.db"
-    Store(db)
+    # No connection may be open when forking: a child closing an inherited SQLite descriptor
+    # drops its own POSIX locks on the file.
+    Store(db).db.conn.close()
     (tmp_path / "diag.json").write_text(d.model_dump_json())
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(40) as pool:
