@@ -119,10 +119,10 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
         return Outcome(False, f"job {job_id}.{restart}: not diagnosed ({why})")
     # The run's own start and end: once a requeued job is PENDING again, scontrol shows the
     # next run's times; the first reading (COMPLETING) still had this run's start.
-    run = {"start_time": _epoch(slurm_job.kv(first).get("StartTime") if first else None)
-           or (env_job.start if env_job else None),
-           "end_time": ended if env_job is not None else
-           _epoch(info.get("EndTime"))}
+    first_kv = slurm_job.kv(first) if first else {}
+    run = {"start_time": _epoch(first_kv.get("StartTime")) or (env_job.start if env_job else None),
+           "end_time": _epoch(info.get("EndTime")) or _epoch(first_kv.get("EndTime")) or (
+               round(ended) if env_job is not None else None)}
 
     lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}", 120)
     if lock is None:
