@@ -179,3 +179,33 @@ def test_browser(db, tmp_path):
     finally:
         srv.terminate()
         srv.wait(timeout=10)
+
+
+def test_every_table_and_view_column_is_described(db):
+    """The dashboard explains every column it shows."""
+    md = yaml.safe_load((dashboard_dir() / "metadata.yml").read_text())["databases"]["diagnoses"]
+    conn = __import__("sqlite3").connect(db)
+    names = [r[0] for r in conn.execute(
+        "select name from sqlite_master where type in ('table', 'view') and name not like "
+        "'sqlite_%' and name not like '\\_%' escape '\\'")]
+    for name in names:
+        t = md["tables"].get(name)
+        assert t is not None and t.get("description") or (t or {}).get("hidden"), name
+        if t.get("hidden"):
+            continue
+        cols = [r[1] for r in conn.execute(f"pragma table_info({name})")]
+        missing = [c for c in cols if c not in (t.get("columns") or {})]
+        assert not missing, (name, missing)
+
+
+def test_base_url_for_a_reverse_proxy(db):
+    st = Settings(database=str(db), serve_base_url="/sattrib")
+    argv = datasette_argv(st, db, db.parent / "m.json")
+    assert argv[argv.index("base_url") - 1:argv.index("base_url") + 2] == [
+        "--setting", "base_url", "/sattrib/"]
+    md = db.parent / "metadata-bu.json"
+    md.write_text(json.dumps(metadata(db, False)))
+    base = _argv(db)
+    r = subprocess.run([*base, "--setting", "base_url", "/sattrib/", "--get",
+                        "/diagnosis/test/1001/0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and 'href="/sattrib/node/node-02"' in r.stdout
