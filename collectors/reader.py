@@ -197,7 +197,7 @@ class _Scanner:
                 else:
                     end = len(buf) - lim.segment_max   # long line: scan most of it now
             self._complete_pending(buf, scan_from, end, eof)
-            self._scan(buf, scan_from, end, base, lineno, eof)
+            counted_to, newlines = self._scan(buf, scan_from, end, base, lineno, eof)
             # Keep some lines before `end` as context for the next round, bounded in size.
             keep = end
             for _ in range(lim.context_lines):
@@ -206,7 +206,11 @@ class _Scanner:
                 keep = buf.rfind(b"\n", 0, keep - 1) + 1
             keep = max(keep, end - lim.segment_max, 0)
             if lineno is not None:
-                lineno += buf.count(b"\n", 0, keep)
+                # _scan counted the newlines up to its last hit; count only the rest once.
+                if counted_to <= keep:
+                    lineno += newlines + buf.count(b"\n", counted_to, keep)
+                else:
+                    lineno += buf.count(b"\n", 0, keep)
             base += keep
             new_from = end - keep
             if end < len(buf) and buf.rfind(b"\n", 0, end) < end - 1:
@@ -251,14 +255,16 @@ class _Scanner:
         h.need = max(lim.context_lines - len(h.next), h.need_following - len(h.following), 0)
 
     def _scan(self, buf: bytes, start: int, end: int, base: int, lineno: Optional[int],
-              eof: bool) -> None:
+              eof: bool) -> tuple[int, int]:
+        """Finds and cuts out the hits in buf[start:end]. Returns how far into buf it counted
+        newlines, and how many it found there (so the caller does not count them again)."""
         if end <= start:
-            return
+            return 0, 0
         lim = self.lim
         found = self.pf.scan(memoryview(buf)[start:end] if start else
                              (buf if end == len(buf) else memoryview(buf)[:end]))
         if not found:
-            return
+            return 0, 0
         count_pos, count_line = 0, lineno
         cur = None
         new_hits: list[RawHit] = []
@@ -319,6 +325,9 @@ class _Scanner:
                 p = le + 1
             if h.need > 0 and not eof:
                 self.pending.append(h)
+        if count_line is None:
+            return 0, 0
+        return count_pos, count_line - lineno
 
 
 def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
