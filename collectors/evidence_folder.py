@@ -186,18 +186,18 @@ class FolderReader:
             self.rules.prefilter                 # build once; forked workers share it
             global _FORK_STATE
             _FORK_STATE = (self, jobs, tc)
-            chunks = [list(range(i, len(jobs), workers)) for i in range(workers)]
+            # Small batches stream back in order: no worker holds, and no single message
+            # carries, more than a few dozen files' lines at a time.
+            batches = [list(range(i, min(i + 32, len(jobs)))) for i in range(0, len(jobs), 32)]
+            out = []
             try:
                 with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
                         "fork")) as ex:
-                    parts = list(ex.map(_read_in_worker, chunks))
+                    for res in ex.map(_read_in_worker, batches):
+                        out.extend(res)
             finally:
                 _FORK_STATE = None
-            by_index = {}
-            for chunk, res in zip(chunks, parts):
-                for i, part in zip(chunk, res):
-                    by_index[i] = part
-            return [by_index[i] for i in range(len(jobs))]
+            return out
         return [self._read_one(*job, tc) for job in jobs]
 
     def _read_one(self, path, rel, node, in_slurm, tc) -> Bundle:
@@ -303,7 +303,7 @@ class FolderReader:
                 for n, ln in enumerate(text.split("\n"), 1):
                     if ln.startswith("probe="):
                         bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
-                                                 node=node, rank=None, text=clean(ln)[:500],
+                                                 node=node, rank=None,
                                                  message=clean(ln)[:500]))
                 return
             if kind.startswith("nvidia_smi:") or kind == "ibstat":
@@ -314,7 +314,7 @@ class FolderReader:
                          else ibstat.facts(text))
                 for n, orig, fact in facts:
                     bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
-                                             node=node, rank=None, text=clean(orig)[:2000],
+                                             node=node, rank=None, shown=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
             srun = kind == "rank_output" and _srun_prefixed(head)
@@ -388,10 +388,12 @@ class FolderReader:
         following = tuple(clean(b.decode("utf-8", "replace")) for b in h.following)
         if srun:
             following = tuple(split_prefix(f, srun=True).message for f in following)
+        cands = tuple(sorted(h.lits))
         return Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
-                    rank=rank, text=text, message=p.message, ts=ts,
+                    rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
+                    ts=ts,
                     ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
-                    candidates=tuple(sorted(h.lits)), following=following)
+                    candidates=_CANDS.setdefault(cands, cands), following=following)
 
     @staticmethod
     def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:
@@ -426,11 +428,12 @@ class FolderReader:
         text = clean(msg)
         return Line(doc=doc.path, line=h.line, offset=h.offset,
                     source=Source.kernel if kernel else Source.system, node=doc.node, rank=None,
-                    text=text, message=text, ts=ts, ts_res=1e-6,
+                    message=text, ts=ts, ts_res=1e-6,
                     cursor=rec.get("__CURSOR"), candidates=tuple(sorted(h.lits)))
 
 
 _FORK_STATE = None
+_CANDS: dict = {}     # one tuple object per distinct set of candidate rules
 
 
 def _read_in_worker(indexes: list) -> list:

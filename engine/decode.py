@@ -35,12 +35,15 @@ class Event:
     action: Action = Action.none
     detail: str = ""
     weak: bool = False              # a program-level or "maybe hardware" signal
-    tags: set = field(default_factory=set)
+    tags: frozenset = frozenset()   # rebound, never mutated: most events carry none
     peer: Optional[str] = None      # host or address this line blames (a locator)
     when: Optional[float] = None    # instant stated inside the message (CANCELLED AT ...)
     id: str = ""
     root: Optional[str] = None
     why: str = ""                   # why the pipeline demoted or promoted it
+
+    def tag(self, *names: str) -> None:
+        self.tags = self.tags.union(names)
 
     def sort_key(self):
         ln = self.line
@@ -77,11 +80,11 @@ def xid(ev: Event, tc: TimeContext) -> None:
     code = int(ev.caps.get("xid", "0"))
     v = xidcat.classify(code, ev.caps.get("body", ""))
     ev.category, ev.role, ev.weak = v.category, v.role, v.weak
-    ev.tags |= v.tags | {f"xid{code}"}
+    ev.tag(*v.tags, f"xid{code}")
     ev.action = v.action
     ev.detail = v.detail
     if v.recovery is not None:
-        ev.tags.add(f"recovery{v.recovery}")
+        ev.tag(f"recovery{v.recovery}")
     pid = ev.caps.get("pid", "").strip("'")
     if pid.isdigit():
         ev.pid = int(pid)
@@ -99,7 +102,7 @@ _IB_NAMES = {1: "LOC_LEN_ERR", 2: "LOC_QP_OP_ERR", 4: "LOC_PROT_ERR", 5: "WR_FLU
 @decoder
 def ib_completion(ev: Event, tc: TimeContext) -> None:
     st = int(ev.caps.get("status") or 0)
-    ev.tags.add(f"ibstatus{st}")
+    ev.tag(f"ibstatus{st}")
     ev.detail = f"status {st} ({_IB_NAMES.get(st, 'unknown')})"
     if st in _IB_ROOT:
         ev.category, why = _IB_ROOT[st]
@@ -128,10 +131,10 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
     else:  # no reason, or "DUE to SIGNAL ..." (25.05+): an explicit scancel
         ev.category, ev.role = Category.scheduler_cancelled, Role.root
     if ev.category == Category.scheduler_node_failure:
-        ev.tags.add("node_failure_banner")
+        ev.tag("node_failure_banner")
     at = parse_stamp_text(ev.caps.get("at") or "")
     ev.when = tc.epoch(at)
-    ev.tags.add("terminator" if ev.role == Role.root else "cancel_banner")
+    ev.tag("terminator" if ev.role == Role.root else "cancel_banner")
 
 
 _SIGNALS = {"Killed": 9, "Aborted": 6, "Segmentation fault": 11, "Bus error": 7,
@@ -149,11 +152,11 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
         ev.action = Action.reduce_host_memory
     else:
         ev.role = Role.symptom
-        ev.tags.add("task_exit")
+        ev.tag("task_exit")
         if how.startswith("Exited with exit code"):
-            ev.tags.add("exit_code")
+            ev.tag("exit_code")
         elif how.split(" (")[0] in _SIGNALS:
-            ev.tags.add(f"signal{_SIGNALS[how.split(' (')[0]]}")
+            ev.tag(f"signal{_SIGNALS[how.split(' (')[0]]}")
 
 
 _STATES = {
@@ -172,7 +175,7 @@ def job_state(ev: Event, tc: TimeContext) -> None:
     if state.startswith("CANCELLED"):
         ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
         if "BY" in state:
-            ev.tags.add("cancelled_by_uid")
+            ev.tag("cancelled_by_uid")
         return
     cat_role = _STATES.get(state)
     if cat_role is None:
@@ -211,13 +214,13 @@ def childfailed(ev: Event, tc: TimeContext) -> None:
         ev.when = t
     code = ev.caps.get("exitcode")
     if code is not None:
-        ev.tags.add(f"exit{code}")
+        ev.tag(f"exit{code}")
 
 
 @decoder
 def device_lost(ev: Event, tc: TimeContext) -> None:
     """The GPU is gone from the bus: a lost device explains its own link and ECC errors."""
-    ev.tags.add("device_lost")
+    ev.tag("device_lost")
 
 
 @decoder

@@ -92,8 +92,9 @@ class Line:
     source: Source
     node: Optional[str]
     rank: Optional[int]
-    text: str                    # the line as printed (control characters made visible)
     message: str                 # the line without its log prefixes (what rules match)
+    prefix: str = ""             # the prefixes peeled off it (text = prefix + message)
+    shown: Optional[str] = None  # the original line when it is not prefix + message (facts)
     ts: Optional[float] = None   # epoch seconds (UTC) from the line itself
     ts_res: float = 1.0          # resolution of ts in seconds
     after: Optional[float] = None   # untimed line: printed after this time (same stream)
@@ -101,6 +102,12 @@ class Line:
     cursor: Optional[str] = None    # journal cursor when read from the journal
     candidates: Optional[tuple[str, ...]] = None  # rule ids whose literal hit; None = all
     following: tuple[str, ...] = ()  # next lines, for rules with lines_after
+
+    @property
+    def text(self) -> str:
+        """The line as printed (control characters made visible). Kept as prefix + message:
+        a big job holds many lines, and most of each one is its message."""
+        return self.shown if self.shown is not None else self.prefix + self.message
 
 
 @dataclass(slots=True)

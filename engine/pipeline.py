@@ -329,7 +329,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
         if ev.peer:
             n = _resolve_host(ev.peer, nodes) or L.host_node.get(ev.peer.split("<")[0])
             if n:
-                ev.tags.add(f"points_at:{n}")
+                ev.tag(f"points_at:{n}")
         if ev.rank is not None and ev.rank in L.rank_exit and ev.source == Source.stderr:
             t = L.rank_exit[ev.rank][0] + 1.0
             # A rank's own error came before that rank's process exited.
@@ -459,7 +459,7 @@ def select(incidents: list[Incident], terminator: Optional[Event], skew: float):
                 keep.append(inc)
             else:
                 for e in inc.events:
-                    e.tags.add("teardown")
+                    e.tag("teardown")
                     e.why = "after the scheduler ended the job"
                 demoted.append(inc)
         live = keep
