@@ -52,7 +52,7 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
         return "slurm_log", Source.scheduler
     if _RANK_NAME.search(name):
         return "rank_output", Source.stderr
-    if name == "sattrib-probes.txt" and text.startswith("probe="):
+    if name == "sattrib-probes.txt":
         return "probe", Source.probe
     smi = nvidia_smi.sniff(text)
     if smi:
@@ -113,6 +113,7 @@ class FolderReader:
         self.utc_offset = utc_offset
         self.offset = 0
         self.job_line_cap = 200_000
+        self.clock: dict = {}
         self._no_stamps = 0
         self.owner = owner
         self.lit_rules = rules.literal_rules
@@ -154,6 +155,7 @@ class FolderReader:
                     os.close(fd)
                 except SkipFile:
                     pass
+        self.clock = self._clock_offsets(other, bundle)
         jobs = []
         for path, rel in slurm_files + other:
             if rel == "slurm/collect-notes.txt":
@@ -169,6 +171,32 @@ class FolderReader:
         return bundle
 
     PARALLEL_MIN_BYTES = 64 << 20
+    CLOCK_TOLERANCE = 10.0     # below this, an offset is epilog start delay, not clock skew
+
+    def _clock_offsets(self, files, bundle: Bundle) -> dict:
+        """Per node, how far its clock ran from slurmctld's, as sattrib's own snapshot
+        recorded it (node time when its Epilog started vs the job's end). Applied to that node's
+        time stamps so events of different nodes compare on one clock."""
+        out = {}
+        for path, rel in files:
+            if not rel.endswith("/sattrib-probes.txt") or rel.count("/") != 1:
+                continue
+            try:
+                fd, _ = open_regular(str(path), owner=self.owner)
+            except SkipFile:
+                continue
+            try:
+                text = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            m = re.search(r"^clock .*offset_s=(-?\d+(?:\.\d+)?)", text, re.M)
+            if m and abs(float(m.group(1))) >= self.CLOCK_TOLERANCE:
+                # Whole seconds: the Epilog's own start delay makes the estimate no finer.
+                node, off = rel.split("/", 1)[0], float(round(float(m.group(1))))
+                out[node] = off
+                bundle.notes.append(f"{node}: its clock ran {off:+.0f} s from slurmctld's; "
+                                    "its time stamps were corrected")
+        return out
 
     def _read_all(self, jobs: list, tc: TimeContext) -> list:
         """Read every file; big jobs are spread over processes (files are independent).
@@ -362,7 +390,8 @@ class FolderReader:
     def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
               rank_hint: Optional[int]) -> Optional[Line]:
         if doc.kind == "journal_json":
-            return self._journal_line(doc, h, h.data.decode("utf-8", "replace"))
+            return self._journal_line(doc, h, h.data.decode("utf-8", "replace"),
+                                      self.clock.get(doc.node, 0.0) if doc.node else 0.0)
         if h.meta is not None:
             text, p = h.meta
         else:
@@ -374,6 +403,9 @@ class FolderReader:
             source = Source.kernel if (p.kernel_form or p.ident == "kernel") else Source.system
         rank = p.rank if p.rank is not None else rank_hint
         ts = tc.epoch(p.stamp)
+        skew = self.clock.get(doc.node, 0.0) if doc.node else 0.0
+        if ts is not None:
+            ts -= skew
         after = before = None
         by_id = self.rules.by_id
         # Only a line that may become a root needs its time bounded by its neighbours:
@@ -384,6 +416,8 @@ class FolderReader:
             # A file whose lines carry no time stamps (NCCL output) stops being searched.
             after = self._neighbour(h.prev, tc, srun, p.rank)
             before = self._neighbour(h.next, tc, srun, p.rank)
+            after = after - skew if after is not None else None
+            before = before - skew if before is not None else None
             self._no_stamps = 0 if (after or before) else self._no_stamps + 1
         following = tuple(clean(b.decode("utf-8", "replace")) for b in h.following)
         if srun:
@@ -407,7 +441,7 @@ class FolderReader:
         return None
 
     @staticmethod
-    def _journal_line(doc: Document, h, raw: str) -> Optional[Line]:
+    def _journal_line(doc: Document, h, raw: str, skew: float = 0.0) -> Optional[Line]:
         try:
             rec = json.loads(raw)
         except ValueError:
@@ -421,7 +455,7 @@ class FolderReader:
         if not isinstance(msg, str):
             return None
         try:
-            ts = int(rec.get("__REALTIME_TIMESTAMP")) / 1e6
+            ts = int(rec.get("__REALTIME_TIMESTAMP")) / 1e6 - skew
         except (TypeError, ValueError):
             ts = None
         kernel = rec.get("_TRANSPORT") == "kernel"

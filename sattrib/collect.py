@@ -242,6 +242,11 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
             lines.append(f"probe={p.get('name')} source={src} ok={str(p.get('ok')).lower()} "
                          f"reason={p.get('reason') or '-'} seconds={p.get('seconds', 0):.2f}")
         lines.append(f"snapshot trusted by {snap.trusted_by}")
+        taken, end = snap.data.get("taken_at"), run.get("end_time")
+        if isinstance(taken, (int, float)) and end:
+            # The Epilog starts as the job ends: how far this node's clock is from slurmctld's.
+            lines.append(f"clock node_time={taken:.3f} controller_end={end:.3f} "
+                         f"offset_s={taken - end:.1f}")
         (nd / "sattrib-probes.txt").write_text("\n".join(lines) + "\n")
     # The job's own output (written by the user: read with care).
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)

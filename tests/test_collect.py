@@ -117,3 +117,38 @@ def test_worker_killed_at_any_point_then_rerun_gives_one_same_diagnosis(site, tm
     got = rows(st.database)
     assert len(got) == 1 and json.loads(got[0][1]) == json.loads(ref)
     assert not list(Path(st.bundle_dir, "kc").glob(".*.tmp"))     # no half-built bundle left
+
+
+def test_a_node_clock_ahead_is_corrected(tmp_path, monkeypatch):
+    """A node whose clock runs 200 s ahead: its snapshot says so (node time at its Epilog vs
+    the job's end), and its kernel events are put back on slurmctld's clock."""
+    from sattrib.collect import collect_job
+    now = round(time.time())
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))  # noqa: E731
+    work = tmp_path / "w"
+    work.mkdir()
+    job = JOB_TXT.format(user="root", uid=os.getuid(), start=iso(now - 600), end=iso(now),
+                         work=work)
+    monkeypatch.setattr(slurm_job, "scontrol_job", lambda j, d: (job, ""))
+    monkeypatch.setattr(slurm_job, "wait_final", lambda j, d, poll=1.0: (job, ""))
+    monkeypatch.setattr(slurm_job, "scontrol_nodes", lambda n, d: NODES)
+    monkeypatch.setattr(slurm_job, "sacct", lambda j, d: "")
+    st = Settings(cluster="kc", database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
+                  spool_dir=str(tmp_path / "spool"), spool_auth="owner", collect_wait_s=1.0)
+    true_fault = now - 60
+    for node, ahead in (("k1", 0), ("k2", 200)):
+        msg = ("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+               "fallen off the bus.") if node == "k2" else "hrtimer: ok"
+        rec = {"__REALTIME_TIMESTAMP": str(int((true_fault + ahead) * 1e6)),
+               "_TRANSPORT": "kernel", "MESSAGE": msg}
+        spool.write_snapshot(Path(st.spool_dir), "kc", "8801", 0, node, {
+            "format": spool.FORMAT, "job_id": "8801", "restart": 0, "node": node,
+            "taken_at": now + 0.5 + ahead,
+            "files": {"journal.jsonl": json.dumps(rec) + "\n"}, "probes": []},
+            time.monotonic() + 10, munge=False)
+    env = slurm_env.from_env({"SLURM_JOB_ID": "8801", "SLURM_JOB_EXIT_CODE": "256",
+                              "SLURM_JOB_NODELIST": "k[1-2]", "SLURM_CLUSTER_NAME": "kc"})
+    d = collect_job("8801", st, env_job=env).diagnosis
+    assert (d.root_cause.category.value, d.root_cause.node) == ("gpu_hardware", "k2")
+    assert d.root_cause.first_seen == iso(true_fault) + "Z"
+    assert any("k2: its clock ran +200 s" in n for n in d.completeness.notes)
