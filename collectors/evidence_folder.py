@@ -174,10 +174,12 @@ class FolderReader:
     CLOCK_TOLERANCE = 10.0     # below this, an offset is epilog start delay, not clock skew
 
     def _clock_offsets(self, files, bundle: Bundle) -> dict:
-        """Per node, how far its clock ran from slurmctld's, as sattrib's own snapshot
-        recorded it (node time when its Epilog started vs the job's end). Applied to that node's
-        time stamps so events of different nodes compare on one clock."""
-        out = {}
+        """Per node, how far its clock ran from the others', from sattrib's own snapshots:
+        each records the node's time when its Epilog started, which is when the job ended.
+        Epilogs start together, so a node far from the median of its peers has a clock that is
+        off; the common part (Epilog start delay, or every clock off alike) is left alone.
+        Needs three nodes to tell; corrections are whole seconds, 10 s or more."""
+        found = {}
         for path, rel in files:
             if not rel.endswith("/sattrib-probes.txt") or rel.count("/") != 1:
                 continue
@@ -190,12 +192,20 @@ class FolderReader:
             finally:
                 os.close(fd)
             m = re.search(r"^clock .*offset_s=(-?\d+(?:\.\d+)?)", text, re.M)
-            if m and abs(float(m.group(1))) >= self.CLOCK_TOLERANCE:
-                # Whole seconds: the Epilog's own start delay makes the estimate no finer.
-                node, off = rel.split("/", 1)[0], float(round(float(m.group(1))))
-                out[node] = off
-                bundle.notes.append(f"{node}: its clock ran {off:+.0f} s from slurmctld's; "
-                                    "its time stamps were corrected")
+            if m:
+                found[rel.split("/", 1)[0]] = float(m.group(1))
+        if len(found) < 3:
+            return {}
+        ordered = sorted(found.values())
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        out = {}
+        for node, off in sorted(found.items()):
+            skew = float(round(off - median))
+            if abs(skew) >= self.CLOCK_TOLERANCE:
+                out[node] = skew
+                bundle.notes.append(f"{node}: its clock ran {skew:+.0f} s from the other "
+                                    "nodes'; its time stamps were corrected")
         return out
 
     def _read_all(self, jobs: list, tc: TimeContext) -> list:
