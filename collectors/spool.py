@@ -19,7 +19,6 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import probe
 from .reader import SkipFile, open_regular

@@ -8,7 +8,7 @@ is the pipeline's correlate stage.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import xid as xidcat

@@ -26,7 +26,6 @@ from typing import Iterable, Optional
 
 from . import decode
 from .decode import Event, normalize_pci
-from .hostlist import compress
 from .xid import meaning as xid_meaning
 from .lineparse import TimeContext, iso_utc, nccl_host, parse_stamp_text
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Line,
@@ -369,8 +368,7 @@ def _ranks(spec: str) -> list[int]:
 def precedes(a: Event, b: Event, skew: float = 0.0) -> bool:
     """True when a is known to have happened before b."""
     if a.line.doc == b.line.doc:
-        return a.line.offset < b.line.offset or (
-            a.line.offset == b.line.offset and a.line.line is not None and False)
+        return a.line.offset < b.line.offset
     if a.hi is None or b.lo is None:
         return False
     tol = skew if (a.node != b.node) else 0.0
@@ -562,12 +560,6 @@ def _cause(inc: Incident, links: Links) -> tuple[str, Action]:
     return "inspect the evidence", Action.contact_support
 
 
-def _summary(inc: Incident) -> str:
-    e = inc.first
-    s = _explain(e)
-    return s
-
-
 def progress_findings(events: list[Event], links: Links, job) -> tuple[list[str], list]:
     """What the ranks' own progress counters say when nothing names a cause: which ranks
     lagged behind (never reached the collective) and which never reported a timeout."""
@@ -725,7 +717,7 @@ def _assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes
         ident = links.gpu_identity.get((inc.node, inc.gpu), {}) if inc.gpu else {}
         causes.append(Cause(category=inc.category, node=inc.node, gpu=inc.gpu,
                             gpu_uuid=ident.get("uuid"), gpu_serial=ident.get("serial"),
-                            rank=inc.rank(links), summary=_summary(inc),
+                            rank=inc.rank(links), summary=_explain(inc.first),
                             first_seen=_stamp(inc.first),
                             evidence=ev_ids, rule=inc.first.rule.id, action=text,
                             action_code=code))
@@ -862,7 +854,3 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
         extra.append("no job start time: events were not filtered by the job's time window")
     return Completeness(present=sorted(present), missing=sorted(missing), notes=extra[:200],
                         failed_probes=sorted(failed_probes))
-
-
-def hosts_short(nodes: list[str]) -> str:
-    return compress(nodes)

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import UserError
 
-from .paths import SYSTEM_CONFIG
 from .paths import default_database as _default_database
 
 

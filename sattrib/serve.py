@@ -54,7 +54,7 @@ def prepare(settings) -> tuple[list[str], Path]:
         raise UserError(f"no diagnoses database at {db_path}",
                         "run `sattrib demo` or point `database` at the controller's database")
     try:
-        import datasette  # noqa: F401
+        import datasette  # noqa: F401  (is it installed?)
     except ImportError:
         raise UserError("Datasette is not installed",
                         "pip install 'sattrib[dashboard]' (Datasette 0.65)") from None

@@ -1,7 +1,5 @@
 """Broken and hostile input: fuzzed parsers, cut files, a crowded folder, a shaky spool,
 skewed clocks. Nothing raises, nothing hangs, the diagnosis stays right where evidence allows."""
-import gzip
-import json
 import os
 import shutil
 import time

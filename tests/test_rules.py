@@ -1,6 +1,4 @@
 """Every rule file: schema, id matches path, unique ids, its own examples; the loader's errors."""
-from pathlib import Path
-
 import pytest
 
 from sattrib.engine.matcher import PatternError, check_linear, required_literals

@@ -49,7 +49,6 @@ def test_every_page_query_uses_an_index(tmp_path, name):
 
 def _writer(args):
     path, i = args
-    from sattrib.analysis import analyze_folder
     d = json.loads(Path(path).with_name("diag.json").read_text())
     from sattrib.engine.models import Diagnosis
     diag = Diagnosis.model_validate(d)

@@ -1,5 +1,4 @@
 """The Xid catalog as data, and what it says about real Xid lines."""
-import csv
 from pathlib import Path
 
 import pytest
