@@ -40,14 +40,17 @@ class ProbeResult:
 
 
 def run(name: str, argv: list, deadline: float, *, max_bytes: int = DEFAULT_MAX_BYTES,
-        env: Optional[dict] = None, keep_tail: bool = False) -> ProbeResult:
-    """Run argv until `deadline` (time.monotonic()). Never raises for the child's failures."""
+        env: Optional[dict] = None, keep_tail: bool = False,
+        input: Optional[bytes] = None) -> ProbeResult:
+    """Run argv until `deadline` (time.monotonic()). Never raises for the child's failures.
+    `input`, if given, is written to the child's stdin (small: it must fit the pipe)."""
     t0 = time.monotonic()
     budget = deadline - t0
     if budget <= 0:
         return ProbeResult(name, argv, False, "no time left in the budget", 0.0)
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL if input is None else
+                             subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
                              env=env)
     except FileNotFoundError:
@@ -55,6 +58,13 @@ def run(name: str, argv: list, deadline: float, *, max_bytes: int = DEFAULT_MAX_
     except OSError as e:
         return ProbeResult(name, argv, False, f"cannot start: {e.strerror}",
                            time.monotonic() - t0)
+    if input is not None:
+        try:
+            p.stdin.write(input[: 1 << 16])
+        except OSError:
+            pass
+        finally:
+            p.stdin.close()
     out, err = bytearray(), bytearray()
     truncated = False
     sel = selectors.DefaultSelector()

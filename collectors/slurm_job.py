@@ -177,13 +177,4 @@ def copy_output(src: str, dest: Path, owner: Optional[int], cap: int, notes: lis
     return True
 
 
-def kv(text: str) -> dict:
-    """`scontrol show job` text -> first value of each key."""
-    out: dict = {}
-    for k, v in re.findall(r"(?:(?<=\s)|^)([A-Za-z][\w:/]*)=(\S*)", text, re.M):
-        out.setdefault(k, v)
-    user = out.get("UserId", "")
-    out["User"] = user.split("(")[0]
-    m = re.search(r"\((\d+)\)", user)
-    out["Uid"] = m.group(1) if m else ""
-    return out
+kv = slurm_state.parse_kv

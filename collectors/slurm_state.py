@@ -13,14 +13,31 @@ from ..engine.hostlist import expand
 from ..engine.lineparse import TimeContext, parse_stamp_text
 from ..engine.models import JobInfo
 
-_KV = re.compile(r"(?:(?<=\s)|^)([A-Za-z][\w:/]*)=(\S*)")
+_KV = re.compile(r"(?:(?<=\s)|^)([A-Za-z][\w:/]*)=(\S*)", re.M)
 _TC = TimeContext()
 
 
-def _t(s: Optional[str]) -> Optional[float]:
+def parse_time(s: Optional[str]) -> Optional[float]:
+    """A Slurm time field (`2026-04-12T09:00:00`, `Unknown`) -> epoch seconds or None."""
     if not s or s in ("Unknown", "None", "N/A"):
         return None
     return _TC.epoch(parse_stamp_text(s))
+
+
+_t = parse_time
+
+
+def parse_kv(text: str) -> dict:
+    """`scontrol show job` text -> the first value of each key, plus User and Uid split out of
+    `UserId=alice(41001)`."""
+    out: dict = {}
+    for k, v in _KV.findall(text):
+        out.setdefault(k, v)
+    user = out.get("UserId", "")
+    out["User"] = user.split("(")[0]
+    m = re.search(r"\((\d+)\)", user)
+    out["Uid"] = m.group(1) if m else ""
+    return out
 
 
 def _int(s) -> Optional[int]:

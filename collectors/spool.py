@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,10 +164,11 @@ def _verify_munge(cred: Path, raw: bytes, trusted: set, deadline: float,
         blob = cred.read_bytes()[: 1 << 16]
     except OSError as e:
         return False, f"cannot read MUNGE credential ({e.strerror})"
-    out, err, installed = _unmunge(blob, deadline, socket)
-    if not installed:
+    argv = ["unmunge"] + (["-S", socket] if socket else [])
+    r = probe.run("unmunge", argv, deadline, max_bytes=1 << 16, input=blob)
+    if r.reason == "not installed":
         return True, "MUNGE not installed here; owner checked"
-    text = out.decode("utf-8", "replace")
+    text, err = r.out.decode("utf-8", "replace"), r.err
     st = re.search(r"^STATUS:\s+.*\((\d+)\)", text, re.M)
     uid = re.search(r"^UID:\s+\S+\s+\((\d+)\)", text, re.M)
     payload = text.split("\n\n", 1)[1].strip() if "\n\n" in text else ""
@@ -180,19 +180,6 @@ def _verify_munge(cred: Path, raw: bytes, trusted: set, deadline: float,
     if payload != hashlib.sha256(raw).hexdigest():
         return False, "MUNGE credential does not match the snapshot bytes (altered)"
     return True, f"munge uid {uid.group(1)}"
-
-
-def _unmunge(blob: bytes, deadline: float, socket: str = ""):
-    import subprocess
-    argv = ["unmunge"] + (["-S", socket] if socket else [])
-    try:
-        p = subprocess.run(argv, input=blob, capture_output=True,
-                           timeout=max(deadline - time.monotonic(), 0.5))
-    except FileNotFoundError:
-        return b"", b"", False
-    except subprocess.TimeoutExpired:
-        return b"", b"timed out", True
-    return p.stdout, p.stderr, True
 
 
 def remove_job(d: Path) -> None:

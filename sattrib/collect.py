@@ -35,13 +35,6 @@ class Outcome:
     bundle: Optional[Path] = None
 
 
-def _epoch(value: Optional[str]) -> Optional[float]:
-    from .engine.lineparse import TimeContext, parse_stamp_text
-    if not value or value in ("Unknown", "None"):
-        return None
-    return TimeContext().epoch(parse_stamp_text(value))
-
-
 def _drop_unused_snapshots(spool, st, cluster, job_id, restart, env_job) -> None:
     """A run that is not diagnosed may still have snapshots on the way (a stale derived exit
     code made the nodes take them): give them a moment to land, then remove them."""
@@ -119,9 +112,11 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
         return Outcome(False, f"job {job_id}.{restart}: not diagnosed ({why})")
     # The run's own start and end: once a requeued job is PENDING again, scontrol shows the
     # next run's times; the first reading (COMPLETING) still had this run's start.
+    from .collectors.slurm_state import parse_time
     first_kv = slurm_job.kv(first) if first else {}
-    run = {"start_time": _epoch(first_kv.get("StartTime")) or (env_job.start if env_job else None),
-           "end_time": _epoch(info.get("EndTime")) or _epoch(first_kv.get("EndTime")) or (
+    run = {"start_time": parse_time(first_kv.get("StartTime")) or (
+               env_job.start if env_job else None),
+           "end_time": parse_time(info.get("EndTime")) or parse_time(first_kv.get("EndTime")) or (
                round(ended) if env_job is not None else None)}
 
     lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}", 120)

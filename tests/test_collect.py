@@ -28,22 +28,31 @@ JOB_TXT = """JobId=8801 JobName=pretrain
 NODES = "".join(f"NodeName=k{i} Arch=x86_64 State=IDLE ThreadsPerCore=1\n" for i in (1, 2, 3))
 
 
-@pytest.fixture()
-def site(tmp_path, monkeypatch):
-    now = time.time()
-    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))  # noqa: E731
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "slurm-8801.out").write_text(
-        "0: [rank0]:[E0101 00:00:00.0 ProcessGroupNCCL.cpp:1] [Rank 0] Process group watchdog "
-        "thread terminated with exception: CUDA error: uncorrectable ECC error encountered\n")
-    job = JOB_TXT.format(user="root", uid=os.getuid(), start=iso(now - 600), end=iso(now),
+def _iso(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+
+
+def _fake_slurm(monkeypatch, now, work):
+    """scontrol / sacct answers for job 8801 that ended at `now`, recorded text instead of
+    a running slurmctld."""
+    job = JOB_TXT.format(user="root", uid=os.getuid(), start=_iso(now - 600), end=_iso(now),
                          work=work)
     monkeypatch.setattr(slurm_job, "scontrol_job", lambda j, d: (job, ""))
     monkeypatch.setattr(slurm_job, "wait_final", lambda j, d, poll=1.0: (job, ""))
     monkeypatch.setattr(slurm_job, "scontrol_nodes", lambda n, d: NODES)
     monkeypatch.setattr(slurm_job, "sacct", lambda j, d: "")
     monkeypatch.setattr(slurm_job, "cluster_name", lambda d: "kc")
+
+
+@pytest.fixture()
+def site(tmp_path, monkeypatch):
+    now = time.time()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slurm-8801.out").write_text(
+        "0: [rank0]:[E0101 00:00:00.0 ProcessGroupNCCL.cpp:1] [Rank 0] Process group watchdog "
+        "thread terminated with exception: CUDA error: uncorrectable ECC error encountered\n")
+    _fake_slurm(monkeypatch, now, work)
     st = Settings(cluster="kc", database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
                   spool_dir=str(tmp_path / "spool"), spool_auth="owner", collect_wait_s=1.0)
     msg = ("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python3, An uncorrectable double bit "
@@ -125,15 +134,9 @@ def test_a_node_clock_ahead_is_corrected(tmp_path, monkeypatch):
     on the others' clock. The delay every Epilog shares (1.5 s here) is left alone."""
     from sattrib.collect import collect_job
     now = round(time.time())
-    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))  # noqa: E731
     work = tmp_path / "w"
     work.mkdir()
-    job = JOB_TXT.format(user="root", uid=os.getuid(), start=iso(now - 600), end=iso(now),
-                         work=work)
-    monkeypatch.setattr(slurm_job, "scontrol_job", lambda j, d: (job, ""))
-    monkeypatch.setattr(slurm_job, "wait_final", lambda j, d, poll=1.0: (job, ""))
-    monkeypatch.setattr(slurm_job, "scontrol_nodes", lambda n, d: NODES)
-    monkeypatch.setattr(slurm_job, "sacct", lambda j, d: "")
+    _fake_slurm(monkeypatch, now, work)
     st = Settings(cluster="kc", database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
                   spool_dir=str(tmp_path / "spool"), spool_auth="owner", collect_wait_s=1.0)
     true_fault = now - 60
@@ -151,6 +154,6 @@ def test_a_node_clock_ahead_is_corrected(tmp_path, monkeypatch):
                               "SLURM_JOB_NODELIST": "k[1-3]", "SLURM_CLUSTER_NAME": "kc"})
     d = collect_job("8801", st, env_job=env).diagnosis
     assert (d.root_cause.category.value, d.root_cause.node) == ("gpu_hardware", "k2")
-    assert d.root_cause.first_seen == iso(true_fault) + "Z"
+    assert d.root_cause.first_seen == _iso(true_fault) + "Z"
     assert any("k2: its clock ran +200 s" in n for n in d.completeness.notes)
     assert not any(n.startswith(("k1:", "k3:")) and "clock" in n for n in d.completeness.notes)
