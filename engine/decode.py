@@ -35,6 +35,9 @@ class Event:
     action: Action = Action.none
     detail: str = ""
     weak: bool = False              # a program-level or "maybe hardware" signal
+    last_resort: bool = False       # a root only when nothing else in the job is one
+    explained_by: tuple = ()        # families whose trusted incident on the node explains it
+    catalog_row: str = ""           # "<catalog>:<line>" of the row that classified it
     tags: frozenset = frozenset()   # rebound, never mutated: most events carry none
     peer: Optional[str] = None      # host or address this line blames (a locator)
     when: Optional[float] = None    # instant stated inside the message (CANCELLED AT ...)
@@ -123,13 +126,19 @@ _CANCEL = {
 
 @decoder
 def slurm_cancel(ev: Event, tc: TimeContext) -> None:
+    """The cancel banner's reason decides. With no reason, Slurm prints the same banner for a
+    user's scancel and for srun (or the memory enforcement) killing the step after a failure:
+    the banner alone is then only a cause of last resort, and a user's cancel only when the
+    scheduler's record says who cancelled (see `cancel_record`)."""
     reason = (ev.caps.get("reason") or "").upper()
     for key, (cat, role) in _CANCEL.items():
         if reason.startswith(key):
             ev.category, ev.role = cat, role
             break
-    else:  # no reason, or "DUE to SIGNAL ..." (25.05+): an explicit scancel
+    else:  # no reason, or "DUE to SIGNAL ..." (25.05+)
         ev.category, ev.role = Category.scheduler_cancelled, Role.root
+        ev.last_resort = True
+        ev.tag("bare_cancel")
     if ev.category == Category.scheduler_node_failure:
         ev.tag("node_failure_banner")
     at = parse_stamp_text(ev.caps.get("at") or "")
@@ -137,6 +146,13 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
     ev.tag("terminator" if ev.role == Role.root else "cancel_banner")
 
 
+@decoder
+def cancel_record(ev: Event, tc: TimeContext) -> None:
+    """The scheduler's record of who cancelled the job (REQUEST_KILL_JOB ... uid N)."""
+    ev.tag("cancel_record")
+
+
+_CRASH_SIGNALS = {4, 7, 8, 11}
 _SIGNALS = {"Killed": 9, "Aborted": 6, "Segmentation fault": 11, "Bus error": 7,
             "Terminated": 15, "Floating point exception": 8, "Illegal instruction": 4}
 
@@ -150,13 +166,28 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
     if how.startswith("Out Of Memory"):
         ev.category, ev.role = Category.host_oom, Role.root
         ev.action = Action.reduce_host_memory
-    else:
-        ev.role = Role.symptom
-        ev.tag("task_exit")
-        if how.startswith("Exited with exit code"):
-            ev.tag("exit_code")
-        elif how.split(" (")[0] in _SIGNALS:
-            ev.tag(f"signal{_SIGNALS[how.split(' (')[0]]}")
+        return
+    ev.role = Role.symptom
+    ev.tag("task_exit")
+    sig = _SIGNALS.get(how.split(" (")[0])
+    code = how.rsplit(" ", 1)[-1]
+    if how.startswith("Exited with exit code"):
+        ev.tag("exit_code")
+        if code.isdigit() and int(code) != 0:
+            # A task's own non-zero exit: the program failed there, but the exit code alone
+            # says nothing more; it names the cause only when nothing else in the job does.
+            ev.category, ev.role = Category.application_error, Role.root
+            ev.weak = ev.last_resort = True
+            ev.action = Action.fix_application
+    elif sig is not None:
+        ev.tag(f"signal{sig}")
+        if sig in _CRASH_SIGNALS:
+            # The task crashed on its own (SIGSEGV, SIGBUS, SIGFPE, SIGILL). SIGKILL and SIGTERM
+            # are what srun sends the other tasks while it tears the step down, and SIGABRT is
+            # how PyTorch's watchdog takes a process down after a collective timed out.
+            ev.category, ev.role = Category.application_error, Role.root
+            ev.weak = ev.last_resort = True
+            ev.action = Action.fix_application
 
 
 _STATES = {
@@ -175,7 +206,7 @@ def job_state(ev: Event, tc: TimeContext) -> None:
     if state.startswith("CANCELLED"):
         ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
         if "BY" in state:
-            ev.tag("cancelled_by_uid")
+            ev.tag("cancelled_by_uid", "cancel_record")
         return
     cat_role = _STATES.get(state)
     if cat_role is None:

@@ -56,6 +56,15 @@ class Rule(_Strict):
     # Lines after the hit handed to the decoder (multi-line blocks such as torchelastic's
     # "Root Cause" report). At most 8.
     lines_after: int = Field(default=0, ge=0, le=8)
+    # A root only when nothing else in the job is one (a task's bare exit code, a reasonless
+    # cancel banner, a network error with no crash anywhere): the cause of last resort.
+    last_resort: bool = False
+    # Families (gpu, nvlink, network, storage, workload) whose trusted incident on the same node
+    # explains this line: a CUDA error on a node whose GPU fell off the bus is that GPU's fault.
+    explained_by: list[str] = Field(default_factory=list)
+    # Name of the capture a message catalog (engine/catalogs/*.tsv) is matched against; the
+    # whole message when the rule has no such capture.
+    catalog_key: str = "msg"
     references: list[str] = Field(default_factory=list)
     examples: Examples
 

@@ -30,6 +30,7 @@ from .xid import meaning as xid_meaning
 from .lineparse import TimeContext, iso_utc, nccl_host, parse_stamp_text
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Line,
                      Symptom)
+from .catalog import lookup
 from .rules import RuleSet
 from .taxonomy import (FAMILY, INFRASTRUCTURE, TERMINATORS, Action, Category, Outcome, Role,
                        Source)
@@ -148,15 +149,17 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
         if any(not c.rule.fallback for c, _ in hits):
             hits = [(c, m) for c, m in hits if not c.rule.fallback]
         for c, m in hits:
-            events.append(_event(ln, c.rule, {k: v for k, v in m.groupdict().items()
-                                              if v is not None}, tc))
+            events.append(_event(ln, c, {k: v for k, v in m.groupdict().items()
+                                         if v is not None}, tc))
     events.sort(key=Event.sort_key)
     return events
 
 
-def _event(ln: Line, rule, caps: dict, tc: TimeContext) -> Event:
+def _event(ln: Line, compiled, caps: dict, tc: TimeContext) -> Event:
+    rule = compiled.rule
     ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
-               source=ln.source, node=ln.node, rank=ln.rank, action=rule.action)
+               source=ln.source, node=ln.node, rank=ln.rank, action=rule.action,
+               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by))
     nh = nccl_host(ln.message)
     if nh and "nccl_host" not in caps:
         caps["nccl_host"], caps["nccl_dev"] = nh[0], str(nh[1])
@@ -168,6 +171,8 @@ def _event(ln: Line, rule, caps: dict, tc: TimeContext) -> Event:
         ev.peer = caps["peer"]
     if "pid" in caps and caps["pid"].strip("'").isdigit():
         ev.pid = int(caps["pid"].strip("'"))
+    if compiled.rows:
+        _classify(ev, compiled.rows, caps.get(rule.catalog_key) or ln.message)
     if rule.decode:
         decode.DECODERS[rule.decode](ev, tc)
     if ev.when is None and caps.get("at"):
@@ -180,6 +185,26 @@ def _event(ln: Line, rule, caps: dict, tc: TimeContext) -> Event:
         ev.lo = ln.after
         ev.hi = None if ln.before is None else ln.before + 1.0
     return ev
+
+
+def _classify(ev: Event, rows, text: str) -> None:
+    """The message catalog's row for this message, when one matches, says what it is."""
+    row = lookup(rows, text)
+    if row is None:
+        return
+    ev.role = row.role
+    ev.category = row.category
+    if row.action is not None:
+        ev.action = row.action
+    ev.weak = ev.weak or row.weak
+    ev.last_resort = row.last_resort
+    if row.explained_by:
+        ev.explained_by = row.explained_by
+    if row.teardown:
+        ev.tag("teardown")
+    ev.catalog_row = row.where
+    if row.note:
+        ev.detail = row.note
 
 
 # ============================================================================================
@@ -312,9 +337,11 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
         if ev.node is None:
             n = _resolve_host(ev.caps.get("node"), nodes) or \
                 _resolve_host(ev.caps.get("nccl_host"), nodes)
-            if n is None and ev.source == Source.scheduler and _PLAIN_HOST.match(
-                    ev.caps.get("node") or ""):
-                n = ev.caps["node"]            # Slurm itself names the node
+            if n is None and _PLAIN_HOST.match(ev.caps.get("node") or "") and (
+                    ev.source == Source.scheduler or FAMILY.get(ev.category) == "workload"):
+                # Slurm itself names the node. In job output the line could be the user's own
+                # text, which is believed only where it cannot take a node out of service.
+                n = ev.caps["node"]
             if n is None and ev.rank is not None:
                 n = L.rank_node.get(ev.rank)
             ev.node = n
@@ -393,8 +420,9 @@ def _joins(ev: Event, inc: Incident) -> bool:
     fam = _group(FAMILY[ev.category])
     if fam == inc.family:
         return True
-    # CUDA / GPU-level errors a rank sees are explained by a GPU incident on its node.
-    return inc.family == "gpu" and ev.rule.id.split(".")[0] in ("cuda", "gpu")
+    # Errors a rank sees that a trusted incident on its node explains (a CUDA error under a
+    # GPU that fell off the bus): the rule or its catalog row says which families explain it.
+    return inc.family in {_group(f) for f in ev.explained_by}
 
 
 def build_incidents(events: list[Event], skew: float) -> list[Incident]:
@@ -412,15 +440,17 @@ def build_incidents(events: list[Event], skew: float) -> list[Incident]:
         if e in strong:
             continue
         target = None
-        for (node, fam), inc in sorted(incidents.items(), key=lambda kv: str(kv[0])):
+        for key, inc in sorted(incidents.items(), key=lambda kv: str(kv[0])):
+            node = key[0]
             if inc.tier == 3 and _joins(e, inc) and (node == e.node or (
                     e.node is None and e.category == inc.category)):
                 target = inc
                 break
         if target is None:
-            key = (e.node, e.category.value)
+            tier = 1 if e.last_resort else 2
+            key = (e.node, e.category.value, tier)
             target = incidents.setdefault(key, Incident(e.node, _group(FAMILY[e.category]),
-                                                        tier=2))
+                                                        tier=tier))
         target.events.append(e)
     out = []
     for inc in incidents.values():
@@ -446,10 +476,44 @@ def _normalized(message: str) -> str:
     return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", message)[:300]
 
 
-def select(incidents: list[Incident], terminator: Optional[Event], skew: float):
-    """Returns (winners, demoted). One winner: attributed; several: ambiguous."""
+def _teardown(inc: Incident, why: str) -> None:
+    for e in inc.events:
+        e.tag("teardown")
+        e.why = why
+
+
+def select(incidents: list[Incident], terminator: Optional[Event], skew: float,
+           soft_terminator: Optional[Event] = None):
+    """Returns (winners, demoted). One winner: attributed; several: ambiguous.
+
+    `terminator` is the scheduler ending the job by decision (time limit, preemption, a
+    recorded cancel): what is not known to come before it is teardown. `soft_terminator` is a
+    cancel banner without a reason or a record: what is known to come after it is teardown.
+    Incidents of tier 1 (causes of last resort: a bare exit code, a network-or-peer error)
+    count only when no other incident does."""
     live = list(incidents)
     demoted: list[Incident] = []
+    if soft_terminator is not None:
+        after = [i for i in live if precedes(soft_terminator, i.first, skew)]
+        for inc in after:
+            _teardown(inc, "after the step was cancelled")
+        demoted += after
+        live = [i for i in live if i not in after]
+    if any(i.tier >= 2 for i in live):
+        demoted += [i for i in live if i.tier < 2]
+        live = [i for i in live if i.tier >= 2]
+    else:
+        # A cause of last resort names a culprit only when it is alone of its kind: the same
+        # bare exit code on several nodes is every rank going down, not one rank failing.
+        spread = Counter(i.category for i in live)
+        alone = [i for i in live if spread[i.category] == 1]
+        demoted += [i for i in live if i not in alone]
+        live = alone
+        if any(i.family == "workload" for i in live):
+            # A process that exited explains a peer's "remote process exited or network
+            # error".
+            demoted += [i for i in live if i.family != "workload"]
+            live = [i for i in live if i.family == "workload"]
     if terminator is not None:
         keep = []
         for inc in live:
@@ -622,10 +686,21 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
         if "channel_teardown" in e.tags and not xid_nodes.get(e.node):
             e.role = Role.context
 
-    terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS]
+    # A cancel banner without a reason is a user's cancel only when the scheduler's record says
+    # who cancelled; otherwise it is how srun or the memory enforcement ended the step.
+    if any("cancel_record" in e.tags for e in events):
+        for e in events:
+            if "bare_cancel" in e.tags:
+                e.last_resort = False
+    terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS
+                   and not e.last_resort]
     terminator = _earliest(terminators, st.clock_skew) if terminators else None
+    bare = [e for e in events if "bare_cancel" in e.tags and e.last_resort]
+    soft = _earliest(bare, st.clock_skew) if bare and terminator is None else None
     incidents = build_incidents(events, st.clock_skew)
-    winners, demoted = select(incidents, terminator, st.clock_skew)
+    winners, demoted = select(incidents, terminator, st.clock_skew, soft)
+    if not winners and soft is not None and terminator is None:
+        terminator = soft          # nothing else ended the job: the cancel is the cause
 
     if not winners and terminator is None and not incidents:
         # The scheduler's own record of a time limit / preemption / cancel, with no banner.

@@ -15,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from . import decode
+from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
 from .matcher import PatternError, Prefilter, compile_rule_pattern
 from .models import Rule
@@ -34,6 +35,7 @@ class CompiledRule:
     literals: list[str]
     caseless: bool
     path: str
+    rows: tuple = ()     # message-catalog rows that refine this rule's hits (catalog.Row)
 
     def search(self, message):
         """RE2 search on a line (str or its UTF-8 bytes); None or a match with str groups."""
@@ -43,7 +45,12 @@ class CompiledRule:
 class RuleSet:
     """All loaded rules, their prefilter and a version hash of exactly what was loaded."""
 
-    def __init__(self, compiled: list[CompiledRule], version: str):
+    def __init__(self, compiled: list[CompiledRule], version: str,
+                 catalogs: Optional[dict[str, list[Row]]] = None):
+        catalogs = catalogs or {}
+        for c in compiled:
+            c.rows = tuple(catalogs.get(c.rule.id, ()))
+        self.catalogs = catalogs
         self.rules = sorted(compiled, key=lambda c: c.rule.id)
         self.by_id = {c.rule.id: c for c in self.rules}
         self.version = version
@@ -109,7 +116,37 @@ def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True) -> RuleSet
             compiled[c.rule.id] = c
             digest.update(c.path.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(decode.catalog_digest().encode())
-    return RuleSet(list(compiled.values()), "sha256:" + digest.hexdigest()[:16])
+    try:
+        catalogs, cat_digest = load_catalogs(
+            ([(CATALOG_DIR, "catalogs/")] if builtin else []) +
+            [(Path(d), f"{d}/") for d in extra_dirs])
+    except CatalogError as e:
+        raise RuleError(str(e)) from None
+    unknown = sorted(r for r in catalogs if r not in compiled)
+    if unknown:
+        row = catalogs[unknown[0]][0]
+        raise RuleError(f"{row.where}: rule {row.rule!r} is not a loaded rule")
+    digest.update(cat_digest.encode())
+    return RuleSet(list(compiled.values()), "sha256:" + digest.hexdigest()[:16], catalogs)
+
+
+def check_catalog_examples(rs: RuleSet) -> list[str]:
+    """Every catalog row's example is a hit of its rule and is classified by that row."""
+    errors = []
+    for c in rs.rules:
+        for row in c.rows:
+            msg = split_prefix(clean(row.example), srun=True).message
+            m = c.search(msg)
+            if not m:
+                errors.append(f"{row.where}: rule {c.rule.id} does not match the example "
+                              f"{row.example!r}")
+                continue
+            key = m.group(c.rule.catalog_key) or msg
+            got = lookup(list(c.rows), key)
+            if got is not row:
+                errors.append(f"{row.where}: example {row.example!r} is classified by "
+                              f"{got.where if got else 'no row'}, not by this row")
+    return errors
 
 
 def check_examples(c: CompiledRule) -> list[str]:

@@ -249,16 +249,25 @@ Examples:
 """)
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 def rules_test(path):
-    """Validate rule files and run their match / no_match examples."""
-    from .engine.rules import BUILTIN_DIR, check_dir
+    """Validate rule files and message catalogs and run their examples."""
+    from .engine.rules import (BUILTIN_DIR, RuleError, check_catalog_examples, check_dir,
+                               load_rules)
     root = path or BUILTIN_DIR
     if not root.is_dir():
         raise UserError(f"no such rules folder: {root}",
                         "rules live in <domain>/<mechanism>.yaml under that folder")
     n, errors = check_dir(root)
+    rows = 0
+    if not errors:
+        try:
+            rs = load_rules([root] if path else [])
+            rows = sum(len(c.rows) for c in rs.rules)
+            errors = check_catalog_examples(rs)
+        except RuleError as e:
+            errors = [str(e)]
     for e in errors:
         click.echo(f"FAIL {e}")
-    click.echo(f"{n} rule files checked, {len(errors)} problems")
+    click.echo(f"{n} rule files and {rows} catalog rows checked, {len(errors)} problems")
     if errors:
         sys.exit(1)
 

@@ -1,0 +1,176 @@
+"""Message catalogs: what each message an emitter prints means, as data beside the rules.
+
+A catalog is a TSV file (`engine/catalogs/<emitter>.tsv`, or `*.tsv` in a site rules folder).
+Each row refines the hits of one rule: the rule finds the family of lines (`NCCL WARN ...`,
+`CUDA error: ...`, `[Errno N] ...`), the first row whose `match` pattern is found in the rule's
+`msg` capture (or in the whole message when the rule captures no `msg`) says what that one
+message is. A hit that no row matches keeps the rule's own role and category.
+
+Columns (tab-separated, first line the header, `#` lines are comments):
+
+    rule          id of the rule whose hits the row refines
+    match         RE2 pattern searched in the message (linear time, prefilter-free)
+    role          root | confirmation | symptom | teardown | context
+    category      a contract category, or - for none
+    action        an Action value, or - for the rule's own
+    flags         comma list: weak (program-level or "maybe" evidence), last_resort (a root
+                  only when nothing else in the job is), or -
+    explained_by  comma list of families (gpu, nvlink, network, storage, workload) whose
+                  trusted incident on the same node explains this message, or -
+    emitter       repository and file that print the message (owner/repo path)
+    version       the tag or version of that file the row was read from
+    example       one line as the emitter prints it, matched by the rule and by this row
+    note          why this role and category
+
+`tools/catalog-source` prints where a row came from (and, with a local clone of the emitter,
+the lines of the source that print it).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .matcher import BytesPattern, PatternError, check_linear, _parse
+from .taxonomy import FAMILY, Action, Category, Role
+
+import re2
+
+BUILTIN_DIR = Path(__file__).parent / "catalogs"
+COLUMNS = ("rule", "match", "role", "category", "action", "flags", "explained_by", "emitter",
+           "version", "example", "note")
+FLAGS = {"weak", "last_resort"}
+FAMILIES = sorted(set(FAMILY.values()))
+
+
+class CatalogError(ValueError):
+    """A catalog row is invalid; the message names the file, line and problem."""
+
+
+@dataclass(frozen=True)
+class Row:
+    rule: str
+    match: str
+    rx: BytesPattern
+    role: Role
+    teardown: bool
+    category: Optional[Category]
+    action: Optional[Action]
+    weak: bool
+    last_resort: bool
+    explained_by: tuple[str, ...]
+    emitter: str
+    version: str
+    example: str
+    note: str
+    where: str               # "<file>:<line>" for provenance
+
+    def search(self, text: str):
+        return self.rx.search(text)
+
+
+def _opt(v: str) -> Optional[str]:
+    v = v.strip()
+    return None if v in ("", "-") else v
+
+
+def _row(fields: dict, where: str) -> Row:
+    missing = [c for c in COLUMNS if c not in fields or fields[c] is None]
+    if missing:
+        raise CatalogError(f"{where}: missing column(s) {', '.join(missing)}")
+    role_s = fields["role"].strip()
+    teardown = role_s == "teardown"
+    try:
+        role = Role.symptom if teardown else Role(role_s)
+    except ValueError:
+        raise CatalogError(f"{where}: role {role_s!r} is not one of root, confirmation, "
+                           "symptom, teardown, context") from None
+    try:
+        cat = _opt(fields["category"])
+        category = Category(cat) if cat else None
+        act = _opt(fields["action"])
+        action = Action(act) if act else None
+    except ValueError as e:
+        raise CatalogError(f"{where}: {e}") from None
+    flags = {f.strip() for f in (_opt(fields["flags"]) or "").split(",") if f.strip()}
+    if flags - FLAGS:
+        raise CatalogError(f"{where}: unknown flag(s) {sorted(flags - FLAGS)} (known: weak, "
+                           "last_resort)")
+    fams = tuple(f.strip() for f in (_opt(fields["explained_by"]) or "").split(",")
+                 if f.strip())
+    if set(fams) - set(FAMILIES):
+        raise CatalogError(f"{where}: explained_by names unknown families "
+                           f"{sorted(set(fams) - set(FAMILIES))} (known: {', '.join(FAMILIES)})")
+    if role == Role.root and category is None:
+        raise CatalogError(f"{where}: a root row needs a category")
+    pattern = fields["match"]
+    try:
+        parsed = _parse(pattern, False)
+        check_linear(pattern, False, parsed)
+    except PatternError as e:
+        raise CatalogError(f"{where}: match {e}") from None
+    opts = re2.Options()
+    opts.log_errors = False
+    try:
+        rx = BytesPattern(re2.compile(pattern.encode("utf-8"), options=opts))
+    except re2.error as e:
+        raise CatalogError(f"{where}: match: RE2 cannot compile it: {e}") from None
+    for col in ("rule", "emitter", "version", "example"):
+        if not fields[col].strip():
+            raise CatalogError(f"{where}: {col} is empty")
+    return Row(rule=fields["rule"].strip(), match=pattern, rx=rx, role=role, teardown=teardown,
+               category=category, action=action, weak="weak" in flags,
+               last_resort="last_resort" in flags, explained_by=fams,
+               emitter=fields["emitter"].strip(), version=fields["version"].strip(),
+               example=fields["example"], note=fields["note"].strip(), where=where)
+
+
+def read_catalog(path: Path, label: str) -> list[Row]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{label}: cannot read: {e}") from None
+    body = [(i, ln) for i, ln in enumerate(text.splitlines(), 1)
+            if ln.strip() and not ln.startswith("#")]
+    if not body:
+        return []
+    header = body[0][1].split("\t")
+    if tuple(header) != COLUMNS:
+        raise CatalogError(f"{label}:{body[0][0]}: header must be: {chr(9).join(COLUMNS)}")
+    rows = []
+    for lineno, ln in body[1:]:
+        vals = next(csv.reader(io.StringIO(ln), delimiter="\t", quoting=csv.QUOTE_NONE))
+        if len(vals) != len(COLUMNS):
+            raise CatalogError(f"{label}:{lineno}: {len(vals)} columns, expected "
+                               f"{len(COLUMNS)}")
+        rows.append(_row(dict(zip(COLUMNS, vals)), f"{label}:{lineno}"))
+    return rows
+
+
+def catalog_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.tsv") if p.is_file())
+
+
+def load_catalogs(roots: Iterable[tuple[Path, str]]) -> tuple[dict[str, list[Row]], str]:
+    """Rows per rule id, in file-name then row order, and a digest of what was read."""
+    by_rule: dict[str, list[Row]] = {}
+    digest = hashlib.sha256()
+    for root, prefix in roots:
+        if not root.is_dir():
+            continue
+        for path in catalog_files(root):
+            label = prefix + path.relative_to(root).as_posix()
+            for row in read_catalog(path, label):
+                by_rule.setdefault(row.rule, []).append(row)
+            digest.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+    return by_rule, digest.hexdigest()
+
+
+def lookup(rows: list[Row], text: str) -> Optional[Row]:
+    for row in rows:
+        if row.search(text):
+            return row
+    return None
