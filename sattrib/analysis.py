@@ -16,6 +16,19 @@ def load_rules(extra_dirs=()):
         raise UserError(f"invalid rule: {e}", "run `sattrib rules test DIR` to check site rules")
 
 
+def analysis_settings(st):
+    """The pipeline's settings from the site configuration."""
+    from .engine.pipeline import Settings
+    return Settings(window_before=st.window_before_s, window_after=st.window_after_s,
+                    clock_skew=st.clock_skew_s)
+
+
+def reader_limits(st):
+    """The evidence reader's limits from the site configuration."""
+    from .collectors.reader import Limits
+    return Limits(file_cap=st.file_cap_mb << 20, max_hits=st.max_hits_per_file)
+
+
 def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None,
                    timezone: str = "UTC"):
     """Evidence folder -> (Diagnosis, Bundle)."""

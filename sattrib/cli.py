@@ -69,17 +69,6 @@ def main(ctx, debug, config_path):
     ctx.obj["config"] = config_path
 
 
-def _analysis_settings(st):
-    from .engine.pipeline import Settings
-    return Settings(window_before=st.window_before_s, window_after=st.window_after_s,
-                    clock_skew=st.clock_skew_s)
-
-
-def _limits(st):
-    from .collectors.reader import Limits
-    return Limits(file_cap=st.file_cap_mb << 20, max_hits=st.max_hits_per_file)
-
-
 def _emit(d, as_json: bool):
     if as_json:
         click.echo(d.model_dump_json(indent=2) if hasattr(d, "model_dump_json") else
@@ -107,13 +96,13 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
 
     FOLDER holds slurm/ (scontrol/sacct output), logs/ (job output) and one folder per node
     (kernel log, nvidia-smi, rank output). Files are recognised by content."""
-    from .analysis import analyze_folder, load_rules
+    from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
     loaded = _settings(ctx, cluster=cluster, database=database,
                        rules_dirs=list(rules_dirs) or None)
     st = loaded.settings
     rules = load_rules(st.rules_dirs)
-    d, _ = analyze_folder(folder, settings=_analysis_settings(st), rules=rules,
-                          limits=_limits(st), timezone=st.timezone)
+    d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
+                          limits=reader_limits(st), timezone=st.timezone)
     if store:
         from .store import open_store
         db = open_store(st.database)
@@ -289,14 +278,14 @@ def demo(ctx, as_json, keep, no_store, database):
     Writes the evidence folder, analyses it, stores the diagnosis (so `sattrib 1001` shows it)
     and prints it."""
     import tempfile
-    from .analysis import analyze_folder, load_rules
+    from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
     from .demo import JOB_ID, write_demo
     st = _settings(ctx, database=database).settings
     rules = load_rules()
     with tempfile.TemporaryDirectory(prefix="sattrib-demo-") as tmp:
         folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}")
-        d, _ = analyze_folder(folder, settings=_analysis_settings(st), rules=rules,
-                              limits=_limits(st))
+        d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
+                              limits=reader_limits(st))
     if not no_store:
         from .store import open_store
         db = open_store(st.database)

@@ -190,12 +190,11 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
 
 
 def _analyze_and_store(bundle: Path, cluster: str, st):
-    from .analysis import analyze_folder, load_rules
-    from .cli import _analysis_settings, _limits
+    from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
     from .store import open_store
     rules = load_rules(st.rules_dirs)
-    d, _ = analyze_folder(bundle, settings=_analysis_settings(st), rules=rules,
-                          limits=_limits(st), timezone=st.timezone)
+    d, _ = analyze_folder(bundle, settings=analysis_settings(st), rules=rules,
+                          limits=reader_limits(st), timezone=st.timezone)
     tmp = bundle / ".diagnosis.json.tmp"
     tmp.write_text(d.model_dump_json(indent=2) + "\n")
     os.replace(tmp, bundle / "diagnosis.json")

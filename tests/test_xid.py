@@ -73,12 +73,22 @@ def test_real_gpud_lines_parse(rules):
     from sattrib.engine.lineparse import clean, split_prefix
     path = Path(__file__).parent / "data" / "samples" / "kernel-lines.gb200-xid149-154-sxid-mlx5.from-gpud-tests.txt"
     rule = rules.by_id["gpu.xid"]
-    n = 0
+    family = {145: Category.nvlink, 149: Category.nvlink, 94: Category.gpu_memory_ecc,
+              95: Category.gpu_memory_ecc, 119: Category.gpu_hardware, 154: Category.gpu_hardware}
+    n, roots = 0, set()
     for line in path.read_text().splitlines():
         if line.startswith("#") or "NVRM: Xid" not in line:
             continue
         m = rule.search(split_prefix(clean(line)).message)
         assert m, line
-        xid.classify(int(m.group("xid")), m.group("body"))
+        code = int(m.group("xid"))
+        v = xid.classify(code, m.group("body"))
+        assert v.category == family[code], line
+        if code == 154:      # a recovery action follows a fault, it is not one
+            assert v.role == Role.confirmation, line
+        if v.role == Role.root:
+            roots.add(code)
         n += 1
     assert n >= 10
+    # Fatal link events, ECC and GSP timeouts are roots; non-fatal 145/BER events never are.
+    assert roots == {149, 94, 95, 119}
