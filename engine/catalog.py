@@ -155,17 +155,21 @@ def catalog_files(root: Path) -> list[Path]:
 
 
 def load_catalogs(roots: Iterable[tuple[Path, str]]) -> tuple[dict[str, list[Row]], str]:
-    """Rows per rule id, in file-name then row order, and a digest of what was read."""
+    """Rows per rule id and a digest of what was read. Within a folder rows keep file-name then
+    row order; a later folder's rows (a site's) come before the earlier ones, so they win."""
     by_rule: dict[str, list[Row]] = {}
     digest = hashlib.sha256()
     for root, prefix in roots:
         if not root.is_dir():
             continue
+        mine: dict[str, list[Row]] = {}
         for path in catalog_files(root):
             label = prefix + path.relative_to(root).as_posix()
             for row in read_catalog(path, label):
-                by_rule.setdefault(row.rule, []).append(row)
+                mine.setdefault(row.rule, []).append(row)
             digest.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+        for rule, rows in mine.items():
+            by_rule[rule] = rows + by_rule.get(rule, [])
     return by_rule, digest.hexdigest()
 
 

@@ -61,10 +61,23 @@ class Incident:
     def first(self) -> Event:
         return self.events[0]
 
+    fixed: Optional[Category] = None
+
+    def fix_category(self) -> None:
+        """Decide the category from the events' roles as found, before the verdict turns the
+        winner's other roots into confirmations."""
+        self.fixed = None
+        self.fixed = self.category
+
     @property
     def category(self) -> Category:
-        strong = [e for e in self.events if e.role == Role.root and not e.weak
-                  and e.source in TRUSTED] or [e for e in self.events if e.role == Role.root] \
+        if self.fixed is not None:
+            return self.fixed
+        roots = [e for e in self.events if e.role == Role.root]
+        trusted = [e for e in roots if not e.weak and e.source in TRUSTED]
+        # A hardware fact outranks a program-level one in the same incident (an Xid 48 beside
+        # the Xid 31 it caused on the same GPU in the same second).
+        strong = [e for e in trusted if e.category in INFRASTRUCTURE] or trusted or roots \
             or self.events
         if any("device_lost" in e.tags for e in self.events if e.source in TRUSTED):
             return Category.gpu_hardware
@@ -430,6 +443,7 @@ def build_incidents(events: list[Event], skew: float) -> list[Incident]:
              and e.category not in TERMINATORS]
     strong = [e for e in roots if e.category in INFRASTRUCTURE and e.source in TRUSTED
               and not e.weak]
+    strong_set = set(map(id, strong))
     incidents: dict[tuple, Incident] = {}
     for e in strong:
         key = (e.node, _group(FAMILY[e.category]))
@@ -456,9 +470,17 @@ def build_incidents(events: list[Event], skew: float) -> list[Incident]:
     for inc in incidents.values():
         timed = [e for e in inc.events if e.lo is not None or e.hi is not None]
         inc.timed = bool(timed)
-        first = _earliest(timed or inc.events, skew)
+        lead = timed or inc.events
+        if inc.tier == 3:
+            # The infrastructure fact leads its incident; the program-side errors it explains
+            # follow it even when printed a moment before it, within the same instant.
+            # The infrastructure fact leads its incident: the program-side errors it explains
+            # are its consequences even when a rank printed one a moment before it.
+            lead = [e for e in lead if id(e) in strong_set] or lead
+        first = _earliest(lead, skew)
         inc.events.sort(key=lambda e: (e is not first, not (e.role == Role.root), e.lo or 0,
                                        e.sort_key()))
+        inc.fix_category()
         out.append(inc)
     out.sort(key=lambda i: (str(i.node), i.family, i.first.sort_key()))
     return out
@@ -569,6 +591,12 @@ def _cause(inc: Incident, links: Links) -> tuple[str, Action]:
     g = f" GPU {gpu}" if gpu else ""
     details = [e.detail for e in inc.events if e.role == Role.root and e.detail]
     recovery = sorted({t for e in inc.events for t in e.tags if t.startswith("recovery")})
+    roots = [e for e in inc.events if e.role == Role.root] or inc.events
+    if cat in INFRASTRUCTURE and all("restart_app" in e.tags for e in roots):
+        # NVIDIA's catalog: restart the application; the GPU needs no reset or drain for it.
+        return (f"restart the job; the GPU stays in service (NVIDIA's action for this Xid). "
+                f"If it recurs on{g or ' the same GPU'} of {node}, run DCGM diagnostics "
+                "(dcgmi diag -r 3)", Action.resubmit)
     if cat == Category.gpu_hardware:
         lost = any("device_lost" in e.tags for e in inc.events)
         if lost or "recovery2" in recovery:

@@ -192,6 +192,9 @@ def classify(code: int, body: str) -> XidVerdict:
                           detail=f"Xid {code} is not in the catalog")
     v = XidVerdict(Category.gpu_hardware, Role.root, detail=info.meaning)
     comp, hw = info.component, info.hw
+    if info.immediate == "RESTART_APP":
+        # NVIDIA's immediate action is to restart the application: the GPU stays in service.
+        v.tags.add("restart_app")
     if code == 154:
         v.category, v.role = Category.gpu_hardware, Role.confirmation
         m = _X154.search(body)

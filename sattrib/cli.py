@@ -251,7 +251,7 @@ def rules_test(path):
         try:
             rs = load_rules([root] if path else [])
             rows = sum(len(c.rows) for c in rs.rules)
-            errors = check_catalog_examples(rs)
+            errors = check_catalog_examples(rs, f"{root}/" if path else "catalogs/")
         except RuleError as e:
             errors = [str(e)]
     for e in errors:

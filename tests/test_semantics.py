@@ -1,0 +1,171 @@
+"""How the verdict reads real evidence: cancels, causes of last resort, the Xid catalog's
+actions, hardware over program faults, message catalogs. Each test builds a small evidence
+folder with lines in the shapes the emitters print."""
+import pytest
+
+from sattrib.analysis import analyze_folder
+from sattrib.engine.catalog import CatalogError, read_catalog
+from sattrib.engine.rules import RuleError, load_rules
+
+
+def folder(tmp_path, files: dict):
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+def run(tmp_path, files, rules):
+    d, _ = analyze_folder(folder(tmp_path, files), rules=rules)
+    return d
+
+
+def cause(d):
+    r = d.root_cause
+    return (d.outcome.value, r.category.value if r else None, r.node if r else None)
+
+
+def test_bare_step_cancel_after_a_task_failure_is_teardown(tmp_path, rules):
+    d = run(tmp_path, {"logs/job.out": (
+        "srun: error: node-01: task 5: Exited with exit code 1\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=43575862.0\n"
+        "slurmstepd: error: *** STEP 43575862.0 ON node-01 CANCELLED AT 2021-07-14T08:00:36 ***\n"
+        "srun: error: node-01: tasks 3,7: Killed\n"
+        "srun: error: node-02: tasks 9-10,12-15: Killed\n")}, rules)
+    assert cause(d) == ("attributed", "application_error", "node-01")
+    assert d.root_cause.rank == 5
+
+
+def test_memory_enforcement_then_bare_cancel_is_host_oom(tmp_path, rules):
+    d = run(tmp_path, {"node-01/job.out": (
+        "slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), being killed\n"
+        "slurmstepd: error: Exceeded job memory limit\n"
+        "slurmstepd: error: *** JOB 7518 ON node-01 CANCELLED AT 2022-06-10T17:11:35 ***\n")},
+        rules)
+    assert cause(d) == ("attributed", "host_oom", "node-01")
+    assert d.action_code.value == "reduce_host_memory"
+
+
+def test_bare_cancel_alone_is_a_cancel_of_last_resort(tmp_path, rules):
+    d = run(tmp_path, {"logs/slurm-1.out": (
+        "step 100 loss 1.25\n"
+        "slurmstepd: error: *** JOB 1 ON node-01 CANCELLED AT 2025-10-02T14:03:27 ***\n")}, rules)
+    assert cause(d) == ("attributed", "scheduler_cancelled", None)
+
+
+def test_recorded_cancel_makes_later_errors_teardown(tmp_path, rules):
+    d = run(tmp_path, {
+        "slurm/sacct.txt": ("JobID|JobName|State|ExitCode\n"
+                            "1|train|CANCELLED by 41022|0:0\n"),
+        "logs/slurm-1.out": (
+            "slurmstepd: error: *** JOB 1 ON node-01 CANCELLED AT 2025-10-02T14:03:27 ***\n"
+            "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Terminated.\n")},
+        rules)
+    assert cause(d) == ("attributed", "scheduler_cancelled", None)
+
+
+def test_every_node_exiting_with_an_error_names_no_culprit(tmp_path, rules):
+    lines = "".join(f"srun: error: node-{i:02d}: tasks {8*i}-{8*i+7}: Exited with exit code 1\n"
+                    for i in range(1, 5))
+    d = run(tmp_path, {"logs/job.out": lines}, rules)
+    assert d.outcome.value == "unattributed"
+
+
+def test_watchdog_abort_is_not_a_crash(tmp_path, rules):
+    d = run(tmp_path, {"logs/job.out": "srun: error: node-01: tasks 0-7: Aborted (core dumped)\n"},
+            rules)
+    assert d.outcome.value == "unattributed"
+
+
+def test_segfault_of_one_task_is_the_cause_of_last_resort(tmp_path, rules):
+    d = run(tmp_path, {"logs/job.out": (
+        "srun: error: node-02: task 9: Segmentation fault (core dumped)\n"
+        "srun: error: node-01: tasks 0-7: Killed\n")}, rules)
+    assert cause(d) == ("attributed", "application_error", "node-02")
+
+
+RESET = ("node-01:3205267:3205779 [5] misc/socket.cc:49 NCCL WARN socketProgressOpt: Call to "
+         "recv from 172.24.16.5<59590> failed : Connection reset by peer\n")
+
+
+def test_connection_reset_with_no_crash_is_the_network(tmp_path, rules):
+    d = run(tmp_path, {"logs/job.out": RESET}, rules)
+    assert d.outcome.value == "attributed" and d.root_cause.category.value == "network_ib"
+    assert d.evidence[0].rule == "nccl.socket_error"
+
+
+def test_connection_reset_beside_a_crash_is_the_crash(tmp_path, rules):
+    d = run(tmp_path, {"logs/job.out": RESET + "srun: error: node-02: task 9: Segmentation fault\n"},
+            rules)
+    assert cause(d) == ("attributed", "application_error", "node-02")
+
+
+KLOG = "Nov 02 10:14:07 node-01 kernel: NVRM: Xid (PCI:0000:3b:00): "
+JOB = ("JobId=9 JobName=t\n   JobState=FAILED Reason=NonZeroExitCode\n"
+       "   StartTime=2025-11-02T09:00:00 EndTime=2025-11-02T10:20:00\n   NodeList=node-01\n")
+
+
+def test_hardware_xid_outranks_the_application_xid_it_caused(tmp_path, rules):
+    d = run(tmp_path, {"slurm/job.txt": JOB, "node-01/journal.log": (
+        KLOG + "31, pid=4242, name=python, Ch 00000008, intr 00000000. MMU Fault: ENGINE "
+        "GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f_12340000. Fault is of type FAULT_PDE\n" +
+        KLOG + "48, pid=4242, name=python, An uncorrectable double bit error (DBE) has been "
+        "detected on GPU in the framebuffer at partition 6, subpartition 0.\n")}, rules)
+    assert cause(d) == ("attributed", "gpu_memory_ecc", "node-01")
+    assert "Xid 48" in d.root_cause.summary
+
+
+def test_restart_the_application_xid_never_drains(tmp_path, rules):
+    d = run(tmp_path, {"slurm/job.txt": JOB, "node-01/journal.log":
+                       KLOG + "32, pid=4242, name=python, Channel ID 00000010 intr 00040000\n"},
+            rules)
+    assert d.outcome.value == "attributed"
+    assert d.action_code.value == "resubmit" and "drain" not in d.action
+
+
+def test_fallen_off_the_bus_banner_is_one_cause(tmp_path, rules):
+    d = run(tmp_path, {"node-01/dmesg.txt": (
+        "[  512.123465] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+        "fallen off the bus.\n"
+        "[  512.123470] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n"
+        "[  512.123475] NVRM: A GPU crash dump has been created. If possible, please run\n")},
+        rules)
+    assert cause(d) == ("attributed", "gpu_hardware", "node-01")
+    assert [e.role.value for e in d.evidence].count("root") == 1
+    assert d.action_code.value == "reboot_node"
+
+
+HEADER = "rule\tmatch\trole\tcategory\taction\tflags\texplained_by\temitter\tversion\texample\tnote\n"
+
+
+def test_catalog_rows_are_validated(tmp_path):
+    bad = tmp_path / "x.tsv"
+    bad.write_text(HEADER + "nccl.warn\tfoo\tblame\t-\t-\t-\t-\tNVIDIA/nccl x.cc\tv1\tfoo\tn\n")
+    with pytest.raises(CatalogError, match="x.tsv:2: role 'blame'"):
+        read_catalog(bad, "x.tsv")
+    bad.write_text(HEADER + "nccl.warn\tfoo\troot\t-\t-\t-\t-\tNVIDIA/nccl x.cc\tv1\tfoo\tn\n")
+    with pytest.raises(CatalogError, match="a root row needs a category"):
+        read_catalog(bad, "x.tsv")
+    bad.write_text(HEADER + "nccl.warn\t(a)\\1\tsymptom\t-\t-\t-\t-\tNVIDIA/nccl x.cc\tv1\tfoo\tn\n")
+    with pytest.raises(CatalogError, match="match"):
+        read_catalog(bad, "x.tsv")
+
+
+def test_catalog_row_for_an_unknown_rule_is_refused(tmp_path):
+    (tmp_path / "site.tsv").write_text(
+        HEADER + "no.such_rule\tfoo\tsymptom\t-\t-\t-\t-\tme site\tv1\tfoo\tn\n")
+    with pytest.raises(RuleError, match="not a loaded rule"):
+        load_rules([tmp_path])
+
+
+def test_a_site_catalog_row_changes_what_a_message_means(tmp_path):
+    (tmp_path / "site.tsv").write_text(
+        HEADER + "nccl.socket_error\tConnection refused\troot\tnetwork_config\t-\tweak\t-\t"
+        "site notes\tlocal\tsocketStartConnect: Connect to 10.0.0.9<43211> failed : Connection "
+        "refused\tour firewall\n")
+    rules = load_rules([tmp_path])
+    d = run(tmp_path / "case", {"logs/job.out":
+                                "socketStartConnect: Connect to 10.0.0.9<43211> failed : "
+                                "Connection refused\n"}, rules)
+    assert d.root_cause.category.value == "network_config"
