@@ -53,6 +53,9 @@ class Rule(_Strict):
     # A generic catch-all (e.g. any Python exception): dropped on a line that a specific rule
     # also matched.
     fallback: bool = False
+    # The catch-all of last resort (any Python exception): dropped on a line that any other
+    # rule matched, a fallback family rule (CUDA error text, NCCL WARN) included.
+    catch_all: bool = False
     # Lines after the hit handed to the decoder (multi-line blocks such as torchelastic's
     # "Root Cause" report). At most 8.
     lines_after: int = Field(default=0, ge=0, le=8)

@@ -47,6 +47,7 @@ class Settings:
     window_after: float = 300.0      # seconds after job end that still count (clock skew)
     clock_skew: float = 0.0          # tolerance when ordering events of different nodes
     utc_offset: int = 0
+    burst_gap: float = 6 * 3600.0    # without a job window: silence that separates failures
 
 
 @dataclass
@@ -161,6 +162,8 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
                 hits.append((c, m))
         if any(not c.rule.fallback for c, _ in hits):
             hits = [(c, m) for c, m in hits if not c.rule.fallback]
+        elif any(not c.rule.catch_all for c, _ in hits):
+            hits = [(c, m) for c, m in hits if not c.rule.catch_all]
         for c, m in hits:
             events.append(_event(ln, c, {k: v for k, v in m.groupdict().items()
                                          if v is not None}, tc))
@@ -230,6 +233,12 @@ def filter_events(events: list[Event], bundle: Bundle, st: Settings,
     job = bundle.job
     lo = job.start - st.window_before if job.start else None
     hi = job.end + st.window_after if job.end else None
+    if lo is None and hi is None:
+        lo = _last_burst(events, st.burst_gap)
+        if lo is not None:
+            notes["no job time window: events before the last burst of errors (more than "
+                  f"{int(st.burst_gap // 3600)} h before it) were taken as earlier failures "
+                  "and ignored"] += 1
     out, seen = [], set()
     for ev in events:
         if lo is not None and ev.hi is not None and ev.hi < lo:
@@ -246,6 +255,21 @@ def filter_events(events: list[Event], bundle: Bundle, st: Settings,
             seen.add(key)
         out.append(ev)
     return out
+
+
+def _last_burst(events: list[Event], gap: float) -> Optional[float]:
+    """Without the job's time window, the failure that ended the job is the latest burst: the
+    start of the last run of time-stamped error events with no silence longer than `gap`
+    inside it (minus the same margin a job window has). None when nothing is time-stamped or
+    it is all one burst."""
+    times = sorted(e.lo for e in events if e.lo is not None and e.role != Role.context)
+    if len(times) < 2:
+        return None
+    start = times[0]
+    for a, b in zip(times, times[1:]):
+        if b - a > gap:
+            start = b
+    return None if start == times[0] else start - 600.0
 
 
 # ============================================================================================
@@ -466,6 +490,14 @@ def build_incidents(events: list[Event], skew: float) -> list[Incident]:
             target = incidents.setdefault(key, Incident(e.node, _group(FAMILY[e.category]),
                                                         tier=tier))
         target.events.append(e)
+    # What a rank saw of a fault (a CUDA "unknown error" under a lost GPU) corroborates the
+    # trusted incident on its node that explains it; alone it is no cause.
+    for e in events:
+        if e.role == Role.confirmation and e.category is not None and e.explained_by:
+            for key, inc in sorted(incidents.items(), key=lambda kv: str(kv[0])):
+                if inc.tier == 3 and key[0] == e.node and _joins(e, inc):
+                    inc.events.append(e)
+                    break
     out = []
     for inc in incidents.values():
         timed = [e for e in inc.events if e.lo is not None or e.hi is not None]

@@ -231,6 +231,70 @@ def rules_list(ctx, as_json, rules_dirs):
     click.echo(f"{len(rs)} rules, version {rs.version}")
 
 
+@rules.command("sources", epilog="""\b
+Examples:
+  sattrib rules sources                       every catalog row and the file that prints it
+  sattrib rules sources --emitter NVIDIA/nccl
+  sattrib rules sources --emitter NVIDIA/nccl --src ~/src/nccl   and the source lines
+""")
+@click.option("--emitter", help="Only rows read from this repository (owner/name).")
+@click.option("--src", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A clone (or bare git folder) of the emitter: show the lines that print each row.")
+@click.option("--rules-dir", "rules_dirs", multiple=True, help="Extra rules folder.")
+@click.pass_context
+def rules_sources(ctx, emitter, src, rules_dirs):
+    """Where each message-catalog row came from: emitter file, version, and its pattern."""
+    from .analysis import load_rules
+    from .engine.matcher import required_literals
+    st = _settings(ctx.find_root(), rules_dirs=list(rules_dirs) or None).settings
+    rs = load_rules(st.rules_dirs)
+    rows = sorted((r for c in rs.rules for r in c.rows), key=lambda r: r.where)
+    if emitter:
+        rows = [r for r in rows if r.emitter.split()[0] == emitter]
+    for r in rows:
+        cat = r.category.value if r.category else "-"
+        role = "teardown" if r.teardown else r.role.value
+        click.echo(f"{r.where:28} {r.rule:22} {role:12} {cat:20} {r.emitter} @ {r.version}")
+        click.echo(f"{'':28} match: {r.match}")
+        if src:
+            try:
+                lits = required_literals(r.match)
+            except ValueError:
+                lits = []
+            # The source holds a format string: try the longest literal, then shorter runs of
+            # its leading words, until the file shows the line that prints it.
+            words = max(lits, key=len).split() if lits else []
+            for n in range(len(words), 1, -1):
+                hits = _grep_source(src, " ".join(words[:n]), r.emitter.split(" ", 1)[-1],
+                                    r.version)
+                if hits:
+                    for hit in hits[:3]:
+                        click.echo(f"{'':28} source: {hit}")
+                    break
+    click.echo(f"{len(rows)} catalog rows")
+
+
+def _grep_source(src: Path, literal: str, path: str, version: str) -> list[str]:
+    """file:line: text of the emitter's lines holding the literal: in a git folder at the row's
+    version (tag) in its file, else anywhere at HEAD; in a plain tree, in its file."""
+    import subprocess
+
+    def run(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    if (src / "HEAD").is_file() or (src / ".git").exists():
+        git = ["git", "-C", str(src)]
+        out = ""
+        if run(git + ["rev-parse", "-q", "--verify", f"{version}^{{commit}}"]).strip():
+            out = run(git + ["grep", "-n", "-F", "-e", literal, version, "--", path])
+        out = out or run(git + ["grep", "-n", "-F", "-e", literal, "HEAD"])
+    else:
+        out = run(["grep", "-rnF", "-e", literal, str(src / path)])
+    return [ln.strip()[:200] for ln in out.splitlines()]
+
+
 @rules.command("test", epilog="""\b
 Examples:
   sattrib rules test                      the built-in rules

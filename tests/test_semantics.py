@@ -169,3 +169,15 @@ def test_a_site_catalog_row_changes_what_a_message_means(tmp_path):
                                 "socketStartConnect: Connect to 10.0.0.9<43211> failed : "
                                 "Connection refused\n"}, rules)
     assert d.root_cause.category.value == "network_config"
+
+
+def test_without_a_job_window_a_days_old_xid_does_not_explain_todays_crash(tmp_path, rules):
+    d = run(tmp_path, {
+        "node-01/journal.log": (
+            "2025-03-01T02:00:00+0000 node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
+            "name=python, GPU has fallen off the bus.\n"
+            "2025-03-04T10:00:01+0000 node-01 kernel: Out of memory: Killed process 4242 "
+            "(python) total-vm:99999999kB, anon-rss:88888888kB, file-rss:0kB, shmem-rss:0kB, "
+            "UID:1000 pgtables:200000kB oom_score_adj:0\n")}, rules)
+    assert cause(d) == ("attributed", "host_oom", "node-01")
+    assert any("last burst" in n for n in d.completeness.notes)
