@@ -31,6 +31,10 @@ _RANK_NAME = re.compile(r"(?:^rank[-_.]?\d+|stderr|stdout|\.(?:err|out)(?:\.\d+)
                         re.I)
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
 _KERNEL_NAME = re.compile(r"(journal|dmesg|kern|messages|syslog|kmsg)", re.I)
+# Names of a kernel/system log that the collector or an admin put in a node folder (contract
+# §1): such a file is the kernel log whatever its lines look like.
+_KERNEL_FILE = re.compile(r"^(?:journal\.(?:log|txt)|dmesg.*|kern\.log.*|messages.*|syslog.*)$",
+                          re.I)
 _SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
 
 
@@ -64,6 +68,8 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
     first = text.lstrip()[:2000]
     if first.startswith("{") and ("__REALTIME_TIMESTAMP" in first or '"MESSAGE"' in first):
         return "journal_json", Source.kernel
+    if _KERNEL_FILE.match(name):
+        return "kernel_log", Source.kernel
     lines = [ln for ln in text.split("\n")[:300] if ln.strip()]
     if lines:
         kern = 0
@@ -333,7 +339,12 @@ class FolderReader:
             return
         try:
             head = read_head(fd, self.lim.sniff_bytes)
-            kind, source = _classify(Path(rel).name, head, in_slurm)
+            if node is None and not in_slurm:
+                # logs/ holds what the job printed: job output whatever its name or content
+                # (contract §1), so it never counts as kernel or GPU evidence.
+                kind, source = "rank_output", Source.stderr
+            else:
+                kind, source = _classify(Path(rel).name, head, in_slurm)
             doc = Document(path=rel, node=node, kind=kind, source=source, size=st.st_size)
             bundle.documents.append(doc)
             if kind == "probe":

@@ -31,19 +31,30 @@ _ISOLOG = re.compile(r"^" + _ISO + _IDENT)
 _DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _SYSLOG_TS + r" (?P<ty>\d{4})\] ")
 _DMESG_MONO = re.compile(r"^\[ *\d+\.\d+\] (?:\[ *[TC]\d+\] )?")
 _KMSG = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+# dmesg -H / --reltime: "[Jan27 23:04] " opens a minute, "[  +0.000844] " are the lines after.
+_DMESG_REL = re.compile(r"^\[(?:(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+                        r"(?P<sd>\d{1,2}) (?P<sh>\d\d):(?P<smi>\d\d)| *\+ *\d+\.\d+)\] ")
+# dmesg -x ("kern  :err   : [  123.4] ...") and Talos' dmesg ("10.0.0.1: kern:  err:
+# [2026-04-22T21:25:20.46Z]: ..."): facility and level before the message.
+_FACILITY = re.compile(r"^(?:(?P<fhost>[\w.:-]{1,64}): )?(?P<fac>kern|user|daemon|syslog|auth|"
+                       r"local\d) *: *(?:emerg|alert|crit|err|warning|warn|notice|info|debug) *: *"
+                       r"(?:\[" + _ISO.replace("(?P<", "(?P<f_") + r"\]: )?")
 _SLURMCTLD = re.compile(r"^\[" + _ISO + r"\] ")
 _FABRIC = re.compile(r"^\[(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?P<sd>\d\d) "
                      r"(?P<fy>\d{4}) (?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)\] ")
 _GLOG = re.compile(r"^\[?(?P<sev>[IWEF])(?P<gmo>\d\d)(?P<gd>\d\d) (?P<gh>\d\d):(?P<gmi>\d\d):"
                    r"(?P<gs>\d\d)(?:\.(?P<gfrac>\d{1,9}))?(?: +\d+)? [\w./-]+:\d+\] ")
 _PYLOG = re.compile(r"^" + _ISO + r"(?=[ \]|:])")
+# A kernel line as admins paste it, without its time stamp: "kernel: NVRM: ..." or
+# "node-01 kernel: NVRM: ...".
+_BARE_KERNEL = re.compile(r"^(?:(?P<host>[A-Za-z0-9][\w.-]{0,63}) )?kernel: ")
 _NCCL_HOST = re.compile(r"^(?:\[[^\]]{1,64}\] )?(?P<host>[A-Za-z0-9][\w.-]{0,253}):(?P<pid>\d+):"
                         r"(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 
 
 # First characters of every prefix split_prefix knows: digits (ISO, kmsg), '[' (dmesg,
 # slurmctld, fabric manager, torch's [rankN]:), month names (syslog), glog severities.
-_STAMP_FIRST = set("0123456789[JFMASONDIWE")
+_STAMP_FIRST = set("0123456789[JFMASONDIWEkudsal")
 
 
 @dataclass(slots=True)
@@ -127,6 +138,10 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             rank = int(m.group(1))
             line = line[m.end():]
     p = Parsed(message=line, rank=rank)
+    if "kernel: " in line[:72] and (m := _BARE_KERNEL.match(line)):
+        p.host, p.ident = m.group("host"), "kernel"
+        p.message = line[m.end():]
+        return p
     if not line or line[0] not in _STAMP_FIRST:
         # Fast path: no timestamp form starts with this character (NCCL host prefixes etc.).
         m = _NCCL_HOST.match(line)
@@ -151,6 +166,27 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
         elif (m := _KMSG.match(line)) or (m := _DMESG_MONO.match(line)):
             p.kernel_form = True
             line = line[m.end():]
+        elif (m := _DMESG_REL.match(line)):
+            p.kernel_form = True
+            if m.group("mon"):
+                p.stamp = Stamp(None, MONTHS[m.group("mon")], int(m.group("sd")),
+                                int(m.group("sh")), int(m.group("smi")), 0, res=60.0)
+            line = line[m.end():]
+        elif (m := _FACILITY.match(line)):
+            p.kernel_form = m.group("fac") == "kern"
+            if m.group("f_iso"):
+                gd = {k[2:]: v for k, v in m.groupdict().items() if k.startswith("f_")}
+                micro, res = _frac(gd["frac"])
+                p.stamp = Stamp(int(gd["y"]), int(gd["mo"]), int(gd["d"]), int(gd["h"]),
+                                int(gd["mi"]), int(gd["s"]), micro, _tz(gd["tz"]), res)
+            if m.group("fhost") and not m.group("fhost")[0].isdigit():
+                p.host = m.group("fhost")
+            line = line[m.end():]
+            mm = _DMESG_MONO.match(line) or _DMESG_T.match(line)
+            if mm:
+                if mm.re is _DMESG_T:
+                    p.stamp = _sys(mm, int(mm.group("ty")))
+                line = line[mm.end():]
         elif (m := _SLURMCTLD.match(line)):
             p.stamp = _iso(m)
             line = line[m.end():]

@@ -36,6 +36,16 @@ class Examples(_Strict):
     no_match: list[NoMatchExample] = Field(default_factory=list)
 
 
+class Recast(_Strict):
+    """A context line that changes what a nearby later error means: a traceback frame of a
+    shared-memory semaphore makes the ENOSPC raised under it host memory, not a disk."""
+    rules: list[str] = Field(min_length=1)   # ids of the rules whose hits it recasts
+    category: Category
+    action: Action = Action.none
+    within_bytes: int = Field(default=4096, ge=1, le=65536)   # how far after it, same file
+    why: str
+
+
 class Rule(_Strict):
     """One failure pattern: what a line means. Which hit is the root cause is engine code."""
     id: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
@@ -68,6 +78,7 @@ class Rule(_Strict):
     # Name of the capture a message catalog (engine/catalogs/*.tsv) is matched against; the
     # whole message when the rule has no such capture.
     catalog_key: str = "msg"
+    recasts: Optional[Recast] = None
     references: list[str] = Field(default_factory=list)
     examples: Examples
 

@@ -424,6 +424,50 @@ def _ranks(spec: str) -> list[int]:
     return out
 
 
+def _recast(events: list[Event]) -> None:
+    """Context lines that say what a later error in the same file means (rule `recasts`)."""
+    by_doc: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_doc[e.line.doc].append(e)
+    for doc in sorted(by_doc):
+        evs = sorted(by_doc[doc], key=Event.sort_key)
+        for i, ctx in enumerate(evs):
+            rc = ctx.rule.recasts
+            if rc is None:
+                continue
+            for e in evs[i + 1:]:
+                if e.line.offset - ctx.line.offset > rc.within_bytes:
+                    break
+                if e.rule.id in rc.rules and e.role == Role.root:
+                    e.category = rc.category
+                    if rc.action != Action.none:
+                        e.action = rc.action
+                    e.why = rc.why
+
+
+REPEAT_PROCESSES = 3
+
+
+def _repeats_across_processes(events: list[Event]) -> None:
+    """An application-level Xid (13, 31) that one GPU raised for several unrelated processes,
+    and no other GPU of the node did, is that GPU's fault (NVIDIA's Xid 13/31 workflow)."""
+    groups: dict[tuple, list[Event]] = defaultdict(list)
+    for e in events:
+        if "repeat_implicates_gpu" in e.tags and e.source in TRUSTED and e.gpu:
+            groups[(e.node, e.caps.get("xid"))].append(e)
+    for (node, code), evs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        gpus = {e.gpu for e in evs}
+        pids = {e.pid for e in evs if e.pid is not None}
+        if len(gpus) != 1 or len(pids) < REPEAT_PROCESSES:
+            continue
+        for e in evs:
+            e.category, e.role, e.weak = Category.gpu_hardware, Role.root, False
+            e.action = Action.reset_gpu
+            e.tags = e.tags - {"restart_app"}
+            e.detail = (f"Xid {code} from {len(pids)} different processes on this GPU only: "
+                        "the GPU, not one program")
+
+
 # ============================================================================================
 # refine
 # ============================================================================================
@@ -738,6 +782,8 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     events = extract(lines, rules, tc, notes)
     events = filter_events(events, bundle, st, notes)
     links = correlate(events, bundle)
+    _repeats_across_processes(events)
+    _recast(events)
 
     # Xid 45 (channel teardown) is a root only when it is the node's only Xid.
     xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"

@@ -195,6 +195,10 @@ def classify(code: int, body: str) -> XidVerdict:
     if info.immediate == "RESTART_APP":
         # NVIDIA's immediate action is to restart the application: the GPU stays in service.
         v.tags.add("restart_app")
+    if info.investigatory in ("WORKFLOW_XID_13", "WORKFLOW_XID_31"):
+        # NVIDIA's workflow: the same fault repeating on one GPU for unrelated programs is the
+        # GPU; spread over GPUs or from one program it is the program.
+        v.tags.add("repeat_implicates_gpu")
     if code == 154:
         v.category, v.role = Category.gpu_hardware, Role.confirmation
         m = _X154.search(body)
