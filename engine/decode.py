@@ -102,15 +102,25 @@ _IB_NAMES = {1: "LOC_LEN_ERR", 2: "LOC_QP_OP_ERR", 4: "LOC_PROT_ERR", 5: "WR_FLU
              20: "RESP_TIMEOUT_ERR", 21: "GENERAL_ERR"}
 
 
+_IB_RETRY = {12, 13}      # RETRY_EXC_ERR, RNR_RETRY_EXC_ERR
+
+
 @decoder
 def ib_completion(ev: Event, tc: TimeContext) -> None:
-    st = int(ev.caps.get("status") or 0)
+    st = int(ev.caps.get("status") or ev.caps.get("status2") or 0)
     ev.tag(f"ibstatus{st}")
     ev.detail = f"status {st} ({_IB_NAMES.get(st, 'unknown')})"
     if st in _IB_ROOT:
         ev.category, why = _IB_ROOT[st]
         ev.role, ev.weak, ev.detail = Role.root, True, why
         ev.action = Action.fix_network_config
+    elif st in _IB_RETRY:
+        # The peer's HCA never acknowledged: a dead peer process explains it as well as a bad
+        # link, so it names the network only when nothing else in the job is a cause.
+        ev.category, ev.role = Category.network_ib, Role.root
+        ev.weak = ev.last_resort = True
+        ev.action = Action.inspect_network_link
+        ev.detail = f"status {st} ({_IB_NAMES[st]}): the transport gave up retrying"
     else:
         ev.role = Role.symptom
 

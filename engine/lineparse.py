@@ -20,9 +20,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 _SRUN = re.compile(r"^ {0,6}(\d{1,7}): ")
-_RANKTAG = re.compile(r"^\[rank(\d{1,7})\]:")
+_RANKTAG = re.compile(r"^\[rank(\d{1,7})\]: ?")
 _ISO = (r"(?P<iso>(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
         r"(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?)")
+# Open MPI's --tag-output "[jobid,rank]<stdout>:" (after --timestamp-output's "ISO: ").
+_MPI_TAG = re.compile(r"^(?:" + _ISO.replace("(?P<", "(?P<m_") + r": )?\[\d{1,7},(?P<mrank>\d{1,7})\]"
+                      r"<(?:stdout|stderr|stddiag)>: ?")
+# Launchers that tag each line with a worker name: torchrun --tee "[default0]:", Paddle's
+# "[trainer3]:" / "[trainer0|0]:", Ray's "(pid=4242, ip=10.0.0.1) " / "(Worker pid=4242) ".
+_WORKER_TAG = re.compile(r"^\[(?:default|trainer|worker|local_rank|localrank)\d{1,5}(?:\|\d{1,5})?\]: ?")
+_RAY_TAG = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+(?:, ip=(?P<rip>[\w.:-]+))?\) ")
 _SYSLOG_TS = (r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<sd>\d{1,2}) "
               r"(?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)(?:\.(?P<sfrac>\d{1,9}))?")
 _IDENT = r" (?P<host>[^\s:\[\]]+) (?P<ident>[^\s:\[\]]+)(?:\[(?P<pid>\d+)\])?: "
@@ -54,7 +61,7 @@ _NCCL_HOST = re.compile(r"^(?:\[[^\]]{1,64}\] )?(?P<host>[A-Za-z0-9][\w.-]{0,253
 
 # First characters of every prefix split_prefix knows: digits (ISO, kmsg), '[' (dmesg,
 # slurmctld, fabric manager, torch's [rankN]:), month names (syslog), glog severities.
-_STAMP_FIRST = set("0123456789[JFMASONDIWEkudsal")
+_STAMP_FIRST = set("0123456789[(JFMASONDIWEkudsal")
 
 
 @dataclass(slots=True)
@@ -194,6 +201,18 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             p.stamp = _sys(m, int(m.group("fy")))
             line = line[m.end():]
 
+    if line[:1] in "[(" or line[:1].isdigit():
+        m = _MPI_TAG.match(line)
+        if m:
+            p.rank = int(m.group("mrank")) if p.rank is None else p.rank
+            if m.group("m_iso") and p.stamp is None:
+                gd = {k[2:]: v for k, v in m.groupdict().items() if k.startswith("m_")}
+                micro, res = _frac(gd["frac"])
+                p.stamp = Stamp(int(gd["y"]), int(gd["mo"]), int(gd["d"]), int(gd["h"]),
+                                int(gd["mi"]), int(gd["s"]), micro, _tz(gd["tz"]), res)
+            line = line[m.end():]
+        elif (m := _WORKER_TAG.match(line)) or (m := _RAY_TAG.match(line)):
+            line = line[m.end():]
     m = _RANKTAG.match(line)
     if m:
         p.rank = int(m.group(1)) if p.rank is None else p.rank

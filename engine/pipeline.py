@@ -299,6 +299,10 @@ def _resolve_host(host: Optional[str], nodes: set) -> Optional[str]:
     short = h.split(".")[0]
     if short in nodes and not short.isdigit():
         return short
+    if not nodes and _PLAIN_HOST.match(h) and not _IP.match(h):
+        # No node list and no node folders (one job-level log): the host the emitter's own
+        # prefix or message names is the only word on where it happened.
+        return short
     return None
 
 
@@ -402,6 +406,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
 
 
 _PLAIN_HOST = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")
+_IP = re.compile(r"^(?:\d{1,3}\.){3}\d{1,3}$|^[0-9a-fA-F:]*:[0-9a-fA-F:]*$")
 
 
 def _busid(b: str) -> str:
