@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 ENGINE = Path(__file__).parent.parent / "engine"
-PURE = ["models.py", "taxonomy.py", "pipeline.py", "decode.py", "matcher.py", "lineparse.py",
-        "hostlist.py", "xid.py"]
+PURE = ["models.py", "taxonomy.py", "pipeline.py", "extract.py", "window.py", "correlate.py",
+        "incident.py", "refine.py", "verdict.py", "assemble.py", "catalog.py", "decode.py",
+        "matcher.py", "lineparse.py", "hostlist.py", "xid.py"]
 FORBIDDEN = {"subprocess", "socket", "requests", "sqlite3", "sqlite_utils", "time", "random",
              "os", "pyslurm", "urllib", "http", "shutil", "threading", "multiprocessing"}
 

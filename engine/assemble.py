@@ -1,0 +1,242 @@
+"""Assembling the diagnosis: roles as reported, evidence ids in a deterministic order, causes,
+grouped symptoms, completeness and the explanation."""
+from __future__ import annotations
+
+import string
+from collections import Counter, defaultdict
+from typing import Optional
+
+from .decode import Event
+from .incident import Incident
+from .lineparse import iso_utc
+from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Symptom)
+from .taxonomy import Action, Outcome, Role, Source
+from .verdict import cause_action, rank_list
+from .xid import meaning as xid_meaning
+
+MAX_EVIDENCE_PER_GROUP = 3
+MAX_INCIDENT_EVIDENCE = 40
+
+
+class _Fmt(string.Formatter):
+    def get_value(self, key, args, kwargs):
+        v = kwargs.get(key)
+        return "?" if v is None or v == "" else v
+
+    def format_field(self, value, spec):
+        try:
+            return super().format_field(value, spec)
+        except (ValueError, TypeError):
+            return str(value)
+
+
+_FMT = _Fmt()
+
+
+def _explain(ev: Event) -> str:
+    vals = dict(ev.caps)
+    vals.update(node=ev.node, rank=ev.rank, gpu=ev.gpu, detail=ev.detail, peer=ev.peer)
+    try:
+        text = _FMT.format(ev.rule.explain, **vals)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        text = ev.rule.explain
+    return " ".join(text.split())[:300]
+
+
+
+def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
+              engine_version, findings=(), suspects=()) -> Diagnosis:
+    job = bundle.job
+    root_events = {id(e) for inc in winners for e in inc.events}
+    win_first = [inc.first for inc in winners]
+    # Roles as reported: the winners' events stay root/confirmation; everything else that
+    # claimed to be a root is a symptom of the winner.
+    for inc in demoted:
+        for e in inc.events:
+            if id(e) not in root_events:
+                e.role = Role.symptom
+    for inc in winners:
+        for e in inc.events:
+            if e is not inc.first and e.role == Role.root:
+                e.role = Role.confirmation
+
+    # Evidence ids: deterministic order (winners first, then by kind and position).
+    chosen: list[Event] = []
+    for inc in winners:
+        chosen.extend(inc.events[:MAX_INCIDENT_EVIDENCE])
+    groups: dict[tuple, list[Event]] = defaultdict(list)
+    for e in events:
+        if id(e) in root_events or e.role == Role.context:
+            continue
+        groups[(e.rule.id, e.category.value if e.category else "", e.caps.get("xid", ""))
+               ].append(e)
+    # Widest first: the errors most ranks saw lead, as a person reading the logs would meet them.
+    group_keys = sorted(groups, key=lambda k: (
+        -len({e.rank for e in groups[k] if e.rank is not None} or
+             {e.node for e in groups[k] if e.node}), min(_t(e) for e in groups[k]), k))
+    for k in group_keys:
+        g = sorted(groups[k], key=lambda e: (_t(e), e.sort_key()))
+        chosen.extend(g[:MAX_EVIDENCE_PER_GROUP])
+    seen = set()
+    ordered = []
+    for e in chosen:
+        if id(e) not in seen:
+            seen.add(id(e))
+            ordered.append(e)
+    for i, e in enumerate(ordered, 1):
+        e.id = f"e{i}"
+    root_id = win_first[0].id if outcome == Outcome.attributed else None
+    evidence = []
+    for e in ordered:
+        evidence.append(Evidence(
+            id=e.id, role=e.role, source=e.source, node=e.node, path=e.line.doc,
+            line=e.line.line, timestamp=_stamp(e),
+            text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
+            category=e.category, offset=e.line.offset if e.line.line is None else None,
+            cursor=e.line.cursor, root=root_id if e.id != root_id else None))
+
+    causes = []
+    for inc in winners:
+        text, code = cause_action(inc, links)
+        ev_ids = [e.id for e in inc.events if e.id]
+        ident = links.gpu_identity.get((inc.node, inc.gpu), {}) if inc.gpu else {}
+        causes.append(Cause(category=inc.category, node=inc.node, gpu=inc.gpu,
+                            gpu_uuid=ident.get("uuid"), gpu_serial=ident.get("serial"),
+                            rank=inc.rank(links), summary=_explain(inc.first),
+                            first_seen=_stamp(inc.first),
+                            evidence=ev_ids, rule=inc.first.rule.id, action=text,
+                            action_code=code))
+
+    symptoms = []
+    for k in group_keys:
+        g = sorted(groups[k], key=lambda e: (_t(e), e.sort_key()))
+        if all(e.role == Role.context for e in g):
+            continue
+        nodes = sorted({e.node for e in g if e.node})
+        ranks = sorted({e.rank for e in g if e.rank is not None})
+        first = g[0]
+        title = first.rule.title
+        if k[2]:
+            title = f"Xid {k[2]} ({xid_meaning(int(k[2]))})"
+        symptoms.append(Symptom(
+            category=k[1] or first.rule.id.split(".")[0], node=first.node, rank=first.rank,
+            summary=title + (" (after the job was ended by the scheduler)"
+                             if all("teardown" in e.tags for e in g) else ""),
+            evidence=[e.id for e in g if e.id], count=len(g), nodes=nodes, ranks=ranks,
+            rule=first.rule.id))
+
+    affected = sorted({e.node for e in events if e.node and e.role != Role.context})
+    completeness = _completeness(bundle, events, notes, winners)
+    completeness.notes = list(findings) + completeness.notes
+    if outcome == Outcome.attributed:
+        root = causes[0]
+        action, action_code = root.action, root.action_code
+        explanation = _explain_attributed(root, winners[0], symptoms)
+        cands = []
+    elif outcome == Outcome.ambiguous:
+        root = None
+        cands = causes
+        action = "inspect each candidate: " + "; ".join(
+            f"{c.category.value} on {c.node or '?'}" for c in causes)
+        action_code = Action.contact_support
+        explanation = ("Several causes fit and their order cannot be established from the "
+                       "timestamps: " + "; ".join(c.summary for c in causes))
+    else:
+        root, cands = None, []
+        miss = completeness.missing[:6]
+        look = ""
+        if suspects:
+            nodes = sorted({n for _, n in suspects if n})
+            look = (f"; look first at rank(s) {rank_list(sorted(r for r, _ in suspects))}"
+                    + (f" on {', '.join(nodes)}" if nodes else "") + " (py-spy dump, dataloader, I/O)")
+        action = ("nothing in the evidence supports a cause; collect the missing evidence"
+                  + (f" ({', '.join(miss)})" if miss else "")
+                  + " and check for a hang (NCCL RAS, py-spy dumps)" + look)
+        action_code = Action.collect_evidence
+        explanation = "No root cause is supported by the evidence." + (
+            f" Seen: {symptoms[0].count} x {symptoms[0].summary}." if symptoms else "") + (
+            " " + " ".join(f[0].upper() + f[1:] + "." for f in findings) if findings else "")
+    order_note = None
+    if outcome == Outcome.ambiguous:
+        order_note = ("timestamps of the candidates overlap at their resolution; the order "
+                      "between them is unknown")
+    return Diagnosis(
+        job_id=job.job_id, restart=job.restart, outcome=outcome, root_cause=root,
+        candidates=cands, affected_nodes=affected, symptoms=symptoms, evidence=evidence,
+        completeness=completeness, action=action, action_code=action_code,
+        explanation=explanation, order_note=order_note,
+        job=JobSummary(cluster=job.cluster, name=job.name, user=job.user,
+                       partition=job.partition, state=job.state, reason=job.reason,
+                       exit_code=job.exit_code, start=iso_utc(job.start),
+                       end=iso_utc(job.end), nodes=list(job.nodes)),
+        rules_version=rules.version, engine_version=engine_version)
+
+
+def _stamp(e: Event) -> Optional[str]:
+    """The event's own time, when its line (or its message) carried one."""
+    return iso_utc(e.lo) if (e.line.ts is not None or e.when is not None) else None
+
+
+def _t(e: Event) -> float:
+    return e.lo if e.lo is not None else (e.hi if e.hi is not None else float("inf"))
+
+
+def _explain_attributed(root: Cause, inc: Incident, symptoms: list[Symptom]) -> str:
+    n = sum(s.count for s in symptoms)
+    where = f" on {root.node}" if root.node else ""
+    s = f"{root.category.value}{where}: {root.summary}."
+    if n:
+        s += f" {n} other error lines are downstream of it."
+    return s
+
+
+def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completeness:
+    job = bundle.job
+    nodes = sorted(set(job.nodes) | set(bundle.node_dirs) |
+                   {e.node for e in events if e.node and e.node in set(job.nodes)})
+    have: dict[str, set] = defaultdict(set)
+    job_level_output = False
+    for d in bundle.documents:
+        kind = d.kind
+        src = ("kernel" if kind in ("kernel_log", "journal_json") else
+               "gpu" if kind.startswith("nvidia_smi") else
+               "output" if kind == "rank_output" else
+               "ib" if kind == "ibstat" else "dcgm" if kind == "dcgm" else
+               "probe" if kind == "probe" else None)
+        if src is None:
+            continue
+        if d.node:
+            have[d.node].add(src)
+        elif src == "output":
+            job_level_output = True
+    present, missing = [], []
+    for n in nodes:
+        for src in ("kernel", "gpu", "output", "ib", "dcgm"):
+            tag = f"{src}:{n}"
+            if src in have[n]:
+                present.append(tag)
+            elif src in ("kernel", "gpu") or (src == "output" and not job_level_output):
+                missing.append(tag)
+    if job_level_output:
+        present.append("output:job")
+    if any(d.source == Source.scheduler for d in bundle.documents):
+        present.append("scheduler:job")
+    else:
+        missing.append("scheduler:job")
+    failed_probes = []
+    for e in events:
+        if e.rule.id == "probe.failed" and e.node:
+            failed_probes.append(f"{e.caps.get('probe')}:{e.node} {e.caps.get('reason')}")
+            tag = f"{e.caps.get('src', 'probe')}:{e.node}"
+            if tag not in missing and not (tag in present):
+                missing.append(tag)
+    extra = list(bundle.notes)
+    for d in bundle.documents:
+        extra += [f"{d.path}: {x}" for x in d.notes]
+    for k, v in sorted(notes.items()):
+        extra.append(f"{k} ({v})" if v > 1 else k)
+    if not job.start:
+        extra.append("no job start time: events were not filtered by the job's time window")
+    return Completeness(present=sorted(present), missing=sorted(missing), notes=extra[:200],
+                        failed_probes=sorted(failed_probes))
+

@@ -1,0 +1,100 @@
+"""extract: lines -> events. Runs the rules a line's literals point at, keeps the hits whose
+source the rule trusts, applies the message catalog and the rule's decoder."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable
+
+from . import decode
+from .catalog import lookup
+from .decode import Event, normalize_pci
+from .lineparse import TimeContext, nccl_host, parse_stamp_text
+from .models import Line
+from .rules import RuleSet
+from .taxonomy import Source
+
+
+def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
+            notes: Counter) -> list[Event]:
+    by_source: dict[Source, list] = defaultdict(list)
+    for c in rules.rules:
+        for s in c.rule.source:
+            by_source[s].append(c)
+    events: list[Event] = []
+    for ln in lines:
+        cands = ([rules.by_id[r] for r in ln.candidates if r in rules.by_id]
+                 if ln.candidates is not None else by_source.get(ln.source, []))
+        hits = []
+        for c in cands:
+            if ln.source not in c.rule.source:
+                # Looks like (say) a kernel line but came from rank output: not evidence.
+                if c.rule.source == [Source.kernel] and c.search(ln.message):
+                    notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
+                          "ignored (kernel evidence comes only from kernel logs)"] += 1
+                continue
+            m = c.search(ln.message)
+            if m:
+                hits.append((c, m))
+        if any(not c.rule.fallback for c, _ in hits):
+            hits = [(c, m) for c, m in hits if not c.rule.fallback]
+        elif any(not c.rule.catch_all for c, _ in hits):
+            hits = [(c, m) for c, m in hits if not c.rule.catch_all]
+        for c, m in hits:
+            events.append(_event(ln, c, {k: v for k, v in m.groupdict().items()
+                                         if v is not None}, tc))
+    events.sort(key=Event.sort_key)
+    return events
+
+
+def _event(ln: Line, compiled, caps: dict, tc: TimeContext) -> Event:
+    rule = compiled.rule
+    ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
+               source=ln.source, node=ln.node, rank=ln.rank, action=rule.action,
+               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by))
+    nh = nccl_host(ln.message)
+    if nh and "nccl_host" not in caps:
+        caps["nccl_host"], caps["nccl_dev"] = nh[0], str(nh[1])
+    if "rank" in caps and caps["rank"].isdigit():
+        ev.rank = int(caps["rank"])
+    if "pci" in caps:
+        ev.gpu = normalize_pci(caps["pci"])
+    if "peer" in caps:
+        ev.peer = caps["peer"]
+    if "pid" in caps and caps["pid"].strip("'").isdigit():
+        ev.pid = int(caps["pid"].strip("'"))
+    if compiled.rows:
+        _classify(ev, compiled.rows, caps.get(rule.catalog_key) or ln.message)
+    if rule.decode:
+        decode.DECODERS[rule.decode](ev, tc)
+    if ev.when is None and caps.get("at"):
+        ev.when = tc.epoch(parse_stamp_text(caps["at"]))
+    if ln.ts is not None:
+        ev.lo, ev.hi = ln.ts, ln.ts + ln.ts_res
+    elif ev.when is not None:
+        ev.lo, ev.hi = ev.when, ev.when + 1.0
+    else:
+        ev.lo = ln.after
+        ev.hi = None if ln.before is None else ln.before + 1.0
+    return ev
+
+
+def _classify(ev: Event, rows, text: str) -> None:
+    """The message catalog's row for this message, when one matches, says what it is."""
+    row = lookup(rows, text)
+    if row is None:
+        return
+    ev.role = row.role
+    ev.category = row.category
+    if row.action is not None:
+        ev.action = row.action
+    ev.weak = ev.weak or row.weak
+    ev.last_resort = row.last_resort
+    if row.explained_by:
+        ev.explained_by = row.explained_by
+    if row.teardown:
+        ev.tag("teardown")
+    ev.catalog_row = row.where
+    if row.note:
+        ev.detail = row.note
+
+
