@@ -269,3 +269,15 @@ def disk_full(ev: Event, tc: TimeContext) -> None:
     """ENOSPC on /dev/shm is shared memory running out (host_oom), not a filesystem."""
     if (ev.caps.get("path") or "").startswith("/dev/shm"):
         ev.category, ev.role = Category.host_oom, Role.confirmation
+
+
+@decoder
+def dataloader_worker(ev: Event, tc: TimeContext) -> None:
+    """A DataLoader worker killed by SIGKILL is most often the OOM killer at work, and one killed
+    by SIGBUS ran out of /dev/shm: host memory, but only when nothing else in the job is a cause
+    (the worker also dies when the main process is torn down)."""
+    sig = (ev.caps.get("sig") or "").strip().rstrip(".")
+    if sig in ("Killed", "Bus error"):
+        ev.category, ev.role = Category.host_oom, Role.root
+        ev.weak = ev.last_resort = True
+        ev.action = Action.reduce_host_memory
