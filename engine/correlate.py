@@ -210,3 +210,36 @@ def repeats_across_processes(events: list[Event]) -> None:
                         "the GPU, not one program")
 
 
+
+
+def version_skew(events: list[Event]) -> None:
+    """A value that must be the same on every node (rule `same_across_nodes`, e.g. the NCCL
+    version in each process's banner) but differs: the nodes in the minority are the culprit;
+    with no majority, the first line of each version stands, and the verdict sees them all."""
+    by_rule: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.rule.same_across_nodes and e.node:
+            by_rule[e.rule.id].append(e)
+    for rid in sorted(by_rule):
+        evs = sorted(by_rule[rid], key=Event.sort_key)
+        key = evs[0].rule.same_across_nodes
+        per_node: dict[str, str] = {}
+        for e in evs:
+            v = e.caps.get(key)
+            if v:
+                per_node.setdefault(e.node, v)
+        counts = Counter(per_node.values())
+        if len(counts) < 2:
+            continue
+        top = max(counts.values())
+        majority = {v for v, n in counts.items() if n == top}
+        odd = {n for n, v in per_node.items() if len(majority) == 1 and v not in majority} \
+            or {n for n in per_node}
+        seen = set()
+        for e in evs:
+            if e.node in odd and e.node not in seen and e.caps.get(key):
+                seen.add(e.node)
+                e.role, e.category = Role.root, e.rule.category or Category.software_incompat
+                e.detail = ("; ".join(f"{v} on {', '.join(sorted(n for n, x in per_node.items() if x == v))}"
+                                      for v in sorted(counts)))
+                e.why = f"{key} differs across the job's nodes"

@@ -79,6 +79,9 @@ class Rule(_Strict):
     # whole message when the rule has no such capture.
     catalog_key: str = "msg"
     recasts: Optional[Recast] = None
+    # Name of a capture that must be the same on every node of a job (a library or driver
+    # version): where it differs, the odd node's line becomes a root of the rule's category.
+    same_across_nodes: Optional[str] = None
     references: list[str] = Field(default_factory=list)
     examples: Examples
 

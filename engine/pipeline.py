@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .assemble import assemble
-from .correlate import correlate, recast, repeats_across_processes
+from .correlate import correlate, recast, repeats_across_processes, version_skew
 from .extract import extract
 from .incident import Incident, earliest
 from .lineparse import TimeContext
@@ -58,6 +58,7 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     links = correlate(events, bundle)
     repeats_across_processes(events)
     recast(events)
+    version_skew(events)
 
     # Xid 45 (channel teardown) is a root only when it is the node's only Xid.
     xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"

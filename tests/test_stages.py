@@ -194,3 +194,17 @@ def test_last_burst(rules):
     evs = [ev(rules, "python.exception", lo=t, hi=t + 1) for t in (0, 60, 3 * day, 3 * day + 5)]
     assert _last_burst(evs, 6 * 3600) == 3 * day - 600
     assert _last_burst(evs[:2], 6 * 3600) is None              # one burst: nothing to cut
+
+
+def test_a_version_that_differs_on_one_node_is_that_nodes_fault(rules):
+    from sattrib.engine.correlate import version_skew
+    evs = [ev(rules, "nccl.version_banner", cat=Category.software_incompat, role=Role.context,
+              node=n, doc=f"{n}/o", caps={"ver": v})
+           for n, v in (("n1", "2.14.3"), ("n2", "2.19.3"), ("n3", "2.19.3"), ("n3", "2.19.3"))]
+    version_skew(evs)
+    assert [e.role for e in evs] == [Role.root, Role.context, Role.context, Role.context]
+    assert "2.14.3 on n1" in evs[0].detail
+    same = [ev(rules, "nccl.version_banner", role=Role.context, node=n, caps={"ver": "2.19.3"})
+            for n in ("n1", "n2")]
+    version_skew(same)
+    assert {e.role for e in same} == {Role.context}
