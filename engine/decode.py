@@ -256,6 +256,25 @@ def childfailed(ev: Event, tc: TimeContext) -> None:
     code = ev.caps.get("exitcode")
     if code is not None:
         ev.tag(f"exit{code}")
+        _first_failure(ev, code)
+
+
+def _first_failure(ev: Event, code: str) -> None:
+    """torchelastic's first observed failure, when nothing else in the job names a cause: a
+    SIGKILL is most often the OOM killer, a crash signal or a non-zero exit the program itself.
+    SIGABRT (the NCCL watchdog's way out) and SIGTERM (teardown) name nothing."""
+    try:
+        n = int(code)
+    except ValueError:
+        return
+    if n == -9:
+        ev.category, ev.action = Category.host_oom, Action.reduce_host_memory
+    elif n > 0 or -n in _CRASH_SIGNALS:
+        ev.category, ev.action = Category.application_error, Action.fix_application
+    else:
+        return
+    ev.role = Role.root
+    ev.weak = ev.last_resort = True
 
 
 @decoder

@@ -181,3 +181,36 @@ def test_without_a_job_window_a_days_old_xid_does_not_explain_todays_crash(tmp_p
             "UID:1000 pgtables:200000kB oom_score_adj:0\n")}, rules)
     assert cause(d) == ("attributed", "host_oom", "node-01")
     assert any("last burst" in n for n in d.completeness.notes)
+
+
+ELASTIC = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2023-05-10_12:00:00
+  host      : node-01
+  rank      : 3 (local_rank: 3)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================
+"""
+
+
+@pytest.mark.parametrize("code,want", [("-9", "host_oom"), ("-11", "application_error"),
+                                       ("1", "application_error"), ("-6", None), ("-15", None)])
+def test_torchelastic_first_failure_is_a_cause_of_last_resort(tmp_path, rules, code, want):
+    d = run(tmp_path, {"logs/train.log": ELASTIC.format(code=code)}, rules)
+    if want is None:
+        assert d.outcome.value == "unattributed"      # the watchdog's abort, or teardown
+    else:
+        assert cause(d) == ("attributed", want, "node-01") and d.root_cause.rank == 3
+
+
+def test_torchelastic_first_failure_yields_to_the_ranks_own_error(tmp_path, rules):
+    d = run(tmp_path, {"logs/train.log": "[rank3]: torch.OutOfMemoryError: CUDA out of memory. "
+                       "Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.15 GiB\n"
+                       + ELASTIC.format(code="1")}, rules)
+    assert d.root_cause.category.value == "cuda_oom"
