@@ -3,7 +3,7 @@ import pytest
 
 from sattrib.engine.matcher import PatternError, check_linear, required_literals
 from sattrib.engine.rules import BUILTIN_DIR, RuleError, check_examples, load_rules, rule_files
-from sattrib.engine.rules import _load_one
+from sattrib.engine.rules import _load_one, check_dir
 
 FILES = rule_files(BUILTIN_DIR)
 
@@ -94,3 +94,22 @@ def test_literals_and_linear_check():
     with pytest.raises(PatternError):
         check_linear(r"(?P<a>x)(?P=a)")
     check_linear(r"NVRM: Xid \((?P<pci>[0-9a-f:.]+)\)")
+
+
+def test_the_site_rules_readme_examples_load_and_pass(tmp_path):
+    """etc/rules.d/README.md shows a site rule and a site catalog row: both must work as shown."""
+    import re
+    from sattrib.engine.rules import check_catalog_examples
+    from helpers import ROOT
+    text = (ROOT / "etc" / "rules.d" / "README.md").read_text()
+    yaml_block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    tsv_block = re.search(r"```text\n(rule\t.*?)```", text, re.S).group(1)
+    rid = re.search(r"^id: (\w+)\.(\w+)$", yaml_block, re.M)
+    (tmp_path / rid.group(1)).mkdir()
+    (tmp_path / rid.group(1) / f"{rid.group(2)}.yaml").write_text(yaml_block)
+    (tmp_path / "site.tsv").write_text(tsv_block)
+    n, errors = check_dir(tmp_path)
+    assert n == 1 and errors == []
+    rs = load_rules([tmp_path])
+    assert check_catalog_examples(rs, f"{tmp_path}/") == []
+    assert any(r.where.startswith(f"{tmp_path}/") for r in rs.by_id["nccl.socket_error"].rows)
