@@ -19,7 +19,7 @@ from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
-from . import ibstat, nvidia_smi, slurm_state
+from . import ibstat, nvidia_smi, probes_file, slurm_state
 from .reader import Limits, SkipFile, open_regular, read_head, scan
 
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
@@ -56,7 +56,7 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
         return "slurm_log", Source.scheduler
     if _RANK_NAME.search(name):
         return "rank_output", Source.stderr
-    if name == "sattrib-probes.txt":
+    if name == probes_file.NAME:
         return "probe", Source.probe
     smi = nvidia_smi.sniff(text)
     if smi:
@@ -187,7 +187,7 @@ class FolderReader:
         Needs three nodes to tell; corrections are whole seconds, 10 s or more."""
         found = {}
         for path, rel in files:
-            if not rel.endswith("/sattrib-probes.txt") or rel.count("/") != 1:
+            if not rel.endswith("/" + probes_file.NAME) or rel.count("/") != 1:
                 continue
             try:
                 fd, _ = open_regular(str(path), owner=self.owner)
@@ -197,9 +197,9 @@ class FolderReader:
                 text = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace")
             finally:
                 os.close(fd)
-            m = re.search(r"^clock .*offset_s=(-?\d+(?:\.\d+)?)", text, re.M)
-            if m:
-                found[rel.split("/", 1)[0]] = float(m.group(1))
+            offset = probes_file.parse(text).clock_offset
+            if offset is not None:
+                found[rel.split("/", 1)[0]] = offset
         if len(found) < 3:
             return {}
         ordered = sorted(found.values())
@@ -349,11 +349,9 @@ class FolderReader:
             bundle.documents.append(doc)
             if kind == "probe":
                 text = os.pread(fd, 1 << 20, 0).decode("utf-8", "replace")
-                for n, ln in enumerate(text.split("\n"), 1):
-                    if ln.startswith("probe="):
-                        bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
-                                                 node=node, rank=None,
-                                                 message=clean(ln)[:500]))
+                for n, ln in probes_file.parse(text).probe_lines:
+                    bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
+                                             node=node, rank=None, message=clean(ln)[:500]))
                 return
             if kind.startswith("nvidia_smi:") or kind == "ibstat":
                 text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")

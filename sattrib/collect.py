@@ -19,13 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .collectors import probes_file
 from .errors import UserError
 
 log = logging.getLogger("sattrib.collect")
-
-PROBE_SOURCE = {"journalctl": "kernel", "dmesg": "kernel", "nvidia-smi": "gpu",
-                "dcgmi": "dcgm", "munge": "spool"}
-
 
 @dataclass
 class Outcome:
@@ -230,18 +227,9 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
             if "/" in name or name.startswith("."):
                 continue
             (nd / name).write_text(content)
-        lines = []
-        for p in snap.data.get("probes") or []:
-            src = PROBE_SOURCE.get(p.get("name"), p.get("name"))
-            lines.append(f"probe={p.get('name')} source={src} ok={str(p.get('ok')).lower()} "
-                         f"reason={p.get('reason') or '-'} seconds={p.get('seconds', 0):.2f}")
-        lines.append(f"snapshot trusted by {snap.trusted_by}")
-        taken, end = snap.data.get("taken_at"), run.get("end_time")
-        if isinstance(taken, (int, float)) and end:
-            # The Epilog starts as the job ends: how far this node's clock is from slurmctld's.
-            lines.append(f"clock node_time={taken:.3f} controller_end={end:.3f} "
-                         f"offset_s={taken - end:.1f}")
-        (nd / "sattrib-probes.txt").write_text("\n".join(lines) + "\n")
+        (nd / probes_file.NAME).write_text(probes_file.render(
+            snap.data.get("probes") or [], snap.trusted_by, snap.data.get("taken_at"),
+            run.get("end_time")))
     # The job's own output (written by the user: read with care).
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
     logs = tmp / "logs"
