@@ -10,7 +10,7 @@ from .decode import Event
 from .incident import Incident
 from .lineparse import iso_utc
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Symptom)
-from .taxonomy import Action, Outcome, Role, Source
+from .taxonomy import Action, Outcome, Role, Source, Tag
 from .verdict import cause_action, rank_list
 from .xid import meaning as xid_meaning
 
@@ -121,7 +121,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
         symptoms.append(Symptom(
             category=k[1] or first.rule.id.split(".")[0], node=first.node, rank=first.rank,
             summary=title + (" (after the job was ended by the scheduler)"
-                             if all("teardown" in e.tags for e in g) else ""),
+                             if all(Tag.teardown in e.tags for e in g) else ""),
             evidence=[e.id for e in g if e.id], count=len(g), nodes=nodes, ranks=ranks,
             rule=first.rule.id))
 

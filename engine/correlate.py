@@ -11,7 +11,7 @@ from typing import Optional
 from .decode import Event, normalize_pci
 from .incident import TRUSTED
 from .models import Bundle
-from .taxonomy import FAMILY, Action, Category, Role, Source
+from .taxonomy import FAMILY, Action, Category, Role, Source, Tag
 
 
 @dataclass
@@ -195,7 +195,7 @@ def repeats_across_processes(events: list[Event]) -> None:
     and no other GPU of the node did, is that GPU's fault (NVIDIA's Xid 13/31 workflow)."""
     groups: dict[tuple, list[Event]] = defaultdict(list)
     for e in events:
-        if "repeat_implicates_gpu" in e.tags and e.source in TRUSTED and e.gpu:
+        if Tag.repeat_implicates_gpu in e.tags and e.source in TRUSTED and e.gpu:
             groups[(e.node, e.caps.get("xid"))].append(e)
     for (node, code), evs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         gpus = {e.gpu for e in evs}
@@ -205,7 +205,7 @@ def repeats_across_processes(events: list[Event]) -> None:
         for e in evs:
             e.category, e.role, e.weak = Category.gpu_hardware, Role.root, False
             e.action = Action.reset_gpu
-            e.tags = e.tags - {"restart_app"}
+            e.tags = e.tags - {Tag.restart_app}
             e.detail = (f"Xid {code} from {len(pids)} different processes on this GPU only: "
                         "the GPU, not one program")
 

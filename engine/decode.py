@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from . import xid as xidcat
 from .lineparse import TimeContext, parse_stamp_text
 from .models import Line, Rule
-from .taxonomy import Action, Category, Role, Source
+from .taxonomy import Action, Category, Role, Source, Tag
 
 
 @dataclass(slots=True)
@@ -148,18 +148,18 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
     else:  # no reason, or "DUE to SIGNAL ..." (25.05+)
         ev.category, ev.role = Category.scheduler_cancelled, Role.root
         ev.last_resort = True
-        ev.tag("bare_cancel")
+        ev.tag(Tag.bare_cancel)
     if ev.category == Category.scheduler_node_failure:
-        ev.tag("node_failure_banner")
+        ev.tag(Tag.node_failure_banner)
     at = parse_stamp_text(ev.caps.get("at") or "")
     ev.when = tc.epoch(at)
-    ev.tag("terminator" if ev.role == Role.root else "cancel_banner")
+    ev.tag("terminator" if ev.role == Role.root else Tag.cancel_banner)
 
 
 @decoder
 def cancel_record(ev: Event, tc: TimeContext) -> None:
     """The scheduler's record of who cancelled the job (REQUEST_KILL_JOB ... uid N)."""
-    ev.tag("cancel_record")
+    ev.tag(Tag.cancel_record)
 
 
 _CRASH_SIGNALS = {4, 7, 8, 11}
@@ -178,11 +178,11 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
         ev.action = Action.reduce_host_memory
         return
     ev.role = Role.symptom
-    ev.tag("task_exit")
+    ev.tag(Tag.task_exit)
     sig = _SIGNALS.get(how.split(" (")[0])
     code = how.rsplit(" ", 1)[-1]
     if how.startswith("Exited with exit code"):
-        ev.tag("exit_code")
+        ev.tag(Tag.exit_code)
         if code.isdigit() and int(code) != 0:
             # A task's own non-zero exit: the program failed there, but the exit code alone
             # says nothing more; it names the cause only when nothing else in the job does.
@@ -216,7 +216,7 @@ def job_state(ev: Event, tc: TimeContext) -> None:
     if state.startswith("CANCELLED"):
         ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
         if "BY" in state:
-            ev.tag("cancelled_by_uid", "cancel_record")
+            ev.tag(Tag.cancelled_by_uid, Tag.cancel_record)
         return
     cat_role = _STATES.get(state)
     if cat_role is None:
@@ -280,7 +280,7 @@ def _first_failure(ev: Event, code: str) -> None:
 @decoder
 def device_lost(ev: Event, tc: TimeContext) -> None:
     """The GPU is gone from the bus: a lost device explains its own link and ECC errors."""
-    ev.tag("device_lost")
+    ev.tag(Tag.device_lost)
 
 
 @decoder

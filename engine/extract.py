@@ -11,7 +11,7 @@ from .decode import Event, normalize_pci
 from .lineparse import TimeContext, nccl_host, parse_stamp_text
 from .models import Line
 from .rules import RuleSet
-from .taxonomy import Source
+from .taxonomy import Source, Tag
 
 
 def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
@@ -92,7 +92,7 @@ def _classify(ev: Event, rows, text: str) -> None:
     if row.explained_by:
         ev.explained_by = row.explained_by
     if row.teardown:
-        ev.tag("teardown")
+        ev.tag(Tag.teardown)
     ev.catalog_row = row.where
     if row.note:
         ev.detail = row.note

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from .decode import Event
-from .taxonomy import INFRASTRUCTURE, Category, Role, Source
+from .taxonomy import INFRASTRUCTURE, Category, Role, Source, Tag
 
 if TYPE_CHECKING:
     from .correlate import Links
@@ -65,7 +65,7 @@ class Incident:
         # the Xid 31 it caused on the same GPU in the same second).
         strong = [e for e in trusted if e.category in INFRASTRUCTURE] or trusted or roots \
             or self.events
-        if any("device_lost" in e.tags for e in self.events if e.source in TRUSTED):
+        if any(Tag.device_lost in e.tags for e in self.events if e.source in TRUSTED):
             return Category.gpu_hardware
         return strong[0].category
 

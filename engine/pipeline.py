@@ -30,7 +30,7 @@ from .lineparse import TimeContext
 from .models import Bundle, Diagnosis
 from .refine import build_incidents, select
 from .rules import RuleSet
-from .taxonomy import FAMILY, TERMINATORS, Outcome, Role, Source
+from .taxonomy import FAMILY, TERMINATORS, Outcome, Role, Source, Tag
 from .verdict import progress_findings
 from .window import filter_events
 
@@ -62,21 +62,21 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
 
     # Xid 45 (channel teardown) is a root only when it is the node's only Xid.
     xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"
-                        and "channel_teardown" not in e.tags)
+                        and Tag.channel_teardown not in e.tags)
     for e in events:
-        if "channel_teardown" in e.tags and not xid_nodes.get(e.node):
+        if Tag.channel_teardown in e.tags and not xid_nodes.get(e.node):
             e.role = Role.context
 
     # A cancel banner without a reason is a user's cancel only when the scheduler's record says
     # who cancelled; otherwise it is how srun or the memory enforcement ended the step.
-    if any("cancel_record" in e.tags for e in events):
+    if any(Tag.cancel_record in e.tags for e in events):
         for e in events:
-            if "bare_cancel" in e.tags:
+            if Tag.bare_cancel in e.tags:
                 e.last_resort = False
     terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS
                    and not e.last_resort]
     terminator = earliest(terminators, st.clock_skew) if terminators else None
-    bare = [e for e in events if "bare_cancel" in e.tags and e.last_resort]
+    bare = [e for e in events if Tag.bare_cancel in e.tags and e.last_resort]
     soft = earliest(bare, st.clock_skew) if bare and terminator is None else None
     incidents = build_incidents(events, st.clock_skew)
     winners, demoted = select(incidents, terminator, st.clock_skew, soft)

@@ -9,7 +9,7 @@ from typing import Optional
 
 from .decode import Event
 from .incident import PROGRAM, TRUSTED, Incident, earliest, precedes
-from .taxonomy import FAMILY, INFRASTRUCTURE, TERMINATORS, Role
+from .taxonomy import FAMILY, INFRASTRUCTURE, TERMINATORS, Role, Tag
 
 
 def _group(family: str) -> str:
@@ -94,7 +94,7 @@ def _normalized(message: str) -> str:
 
 def _teardown(inc: Incident, why: str) -> None:
     for e in inc.events:
-        e.tag("teardown")
+        e.tag(Tag.teardown)
         e.why = why
 
 
@@ -137,7 +137,7 @@ def select(incidents: list[Incident], terminator: Optional[Event], skew: float,
                 keep.append(inc)
             else:
                 for e in inc.events:
-                    e.tag("teardown")
+                    e.tag(Tag.teardown)
                     e.why = "after the scheduler ended the job"
                 demoted.append(inc)
         live = keep

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .correlate import Links
 from .decode import Event
 from .incident import Incident
-from .taxonomy import INFRASTRUCTURE, Action, Category, Role
+from .taxonomy import INFRASTRUCTURE, Action, Category, Role, Tag
 
 
 def cause_action(inc: Incident, links: Links) -> tuple[str, Action]:
@@ -16,13 +16,13 @@ def cause_action(inc: Incident, links: Links) -> tuple[str, Action]:
     details = [e.detail for e in inc.events if e.role == Role.root and e.detail]
     recovery = sorted({t for e in inc.events for t in e.tags if t.startswith("recovery")})
     roots = [e for e in inc.events if e.role == Role.root] or inc.events
-    if cat in INFRASTRUCTURE and all("restart_app" in e.tags for e in roots):
+    if cat in INFRASTRUCTURE and all(Tag.restart_app in e.tags for e in roots):
         # NVIDIA's catalog: restart the application; the GPU needs no reset or drain for it.
         return (f"restart the job; the GPU stays in service (NVIDIA's action for this Xid). "
                 f"If it recurs on{g or ' the same GPU'} of {node}, run DCGM diagnostics "
                 "(dcgmi diag -r 3)", Action.resubmit)
     if cat == Category.gpu_hardware:
-        lost = any("device_lost" in e.tags for e in inc.events)
+        lost = any(Tag.device_lost in e.tags for e in inc.events)
         if lost or "recovery2" in recovery:
             return (f"drain {node}; reboot it and check{g} (fell off the bus / needs reboot); "
                     "replace the GPU or its slot if it recurs", Action.reboot_node)

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from .taxonomy import Action, Category, Role
+from .taxonomy import Action, Category, Role, Tag
 
 CATALOG_PATH = Path(__file__).parent / "xid_catalog.tsv"
 
@@ -123,7 +123,7 @@ def _decode_74(body: str, v: XidVerdict) -> None:
         v.role, v.detail = Role.context, "R1 bits the catalog says to ignore"
     elif r1 <= {1, 20} and r4 <= {16, 17, 18} and not (r3 or r5) and (r1 or r4):
         v.role, v.detail = Role.symptom, "register bits the catalog calls usually sympathetic"
-        v.tags.add("sympathetic")
+        v.tags.add(Tag.sympathetic)
     elif r1 & {4, 5} or r3 & {0, 1, 2, 6} or r5 & {18, 19, 21, 22, 24, 25, 27, 28}:
         v.detail = "ECC/parity error on the link (hardware)"
     elif r1 & {8, 9, 12, 16, 17, 24, 28}:
@@ -174,7 +174,7 @@ def _decode_nvl5(code: int, body: str, v: XidVerdict) -> None:
                    best.investigatory or best.immediate == "XID_154_EVAL")
     if sympathetic:
         v.role = Role.symptom
-        v.tags.add("sympathetic")
+        v.tags.add(Tag.sympathetic)
     elif best.immediate == "IGNORE" and "Fatal" not in best.severity:
         v.role = Role.context
     else:
@@ -194,11 +194,11 @@ def classify(code: int, body: str) -> XidVerdict:
     comp, hw = info.component, info.hw
     if info.immediate == "RESTART_APP":
         # NVIDIA's immediate action is to restart the application: the GPU stays in service.
-        v.tags.add("restart_app")
+        v.tags.add(Tag.restart_app)
     if info.investigatory in ("WORKFLOW_XID_13", "WORKFLOW_XID_31"):
         # NVIDIA's workflow: the same fault repeating on one GPU for unrelated programs is the
         # GPU; spread over GPUs or from one program it is the program.
-        v.tags.add("repeat_implicates_gpu")
+        v.tags.add(Tag.repeat_implicates_gpu)
     if code == 154:
         v.category, v.role = Category.gpu_hardware, Role.confirmation
         m = _X154.search(body)
@@ -209,7 +209,7 @@ def classify(code: int, body: str) -> XidVerdict:
         return v
     if code == 45:
         v.category, v.role = Category.application_error, Role.symptom
-        v.tags.add("channel_teardown")
+        v.tags.add(Tag.channel_teardown)
         return v
     if not info.current:
         v.role, v.weak = Role.context, True
@@ -241,7 +241,7 @@ def classify(code: int, body: str) -> XidVerdict:
         return v
     if comp == "pcie_bus":
         if code in (79, 167):
-            v.tags.add("device_lost")
+            v.tags.add(Tag.device_lost)
             v.action = Action.reboot_node
         else:
             v.category, v.weak = Category.pcie, True
