@@ -120,6 +120,7 @@ class FolderReader:
         self.offset = 0
         self.job_line_cap = 200_000
         self.clock: dict = {}
+        self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._no_stamps = 0
         self.owner = owner
         self.lit_rules = rules.literal_rules
@@ -240,7 +241,9 @@ class FolderReader:
                     for res in ex.map(_read_in_worker, batches):
                         out.extend(res)
             finally:
-                _FORK_STATE = None
+                # What forked reader processes inherit (set only while they run): fork shares the compiled rules
+# and prefilter with them instead of pickling them per task.
+_FORK_STATE = None
             return out
         return [self._read_one(*job, tc) for job in jobs]
 
@@ -446,7 +449,7 @@ class FolderReader:
                     rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
                     ts=ts,
                     ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
-                    candidates=_CANDS.setdefault(cands, cands), following=following)
+                    candidates=self._cands.setdefault(cands, cands), following=following)
 
     @staticmethod
     def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:
@@ -485,8 +488,9 @@ class FolderReader:
                     cursor=rec.get("__CURSOR"), candidates=tuple(sorted(h.lits)))
 
 
+# What forked reader processes inherit (set only while they run): fork shares the compiled rules
+# and prefilter with them instead of pickling them per task.
 _FORK_STATE = None
-_CANDS: dict = {}     # one tuple object per distinct set of candidate rules
 
 
 def _read_in_worker(indexes: list) -> list:
