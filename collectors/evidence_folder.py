@@ -241,9 +241,7 @@ class FolderReader:
                     for res in ex.map(_read_in_worker, batches):
                         out.extend(res)
             finally:
-                # What forked reader processes inherit (set only while they run): fork shares the compiled rules
-# and prefilter with them instead of pickling them per task.
-_FORK_STATE = None
+                _FORK_STATE = None
             return out
         return [self._read_one(*job, tc) for job in jobs]
 
