@@ -181,7 +181,10 @@ def recast(events: list[Event]) -> None:
                 if e.line.offset - ctx.line.offset > rc.within_bytes:
                     break
                 if e.rule.id in rc.rules and e.role == Role.root:
-                    e.category = rc.category
+                    if rc.category is not None:
+                        e.category = rc.category
+                    if rc.role is not None:
+                        e.role = rc.role
                     if rc.action != Action.none:
                         e.action = rc.action
                     e.why = rc.why

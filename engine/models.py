@@ -40,7 +40,8 @@ class Recast(_Strict):
     """A context line that changes what a nearby later error means: a traceback frame of a
     shared-memory semaphore makes the ENOSPC raised under it host memory, not a disk."""
     rules: list[str] = Field(min_length=1)   # ids of the rules whose hits it recasts
-    category: Category
+    category: Optional[Category] = None      # what they become (None: keep theirs)
+    role: Optional[Role] = None
     action: Action = Action.none
     within_bytes: int = Field(default=4096, ge=1, le=65536)   # how far after it, same file
     why: str
