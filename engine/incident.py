@@ -52,13 +52,13 @@ class Incident:
     def fix_category(self) -> None:
         """Decide the category from the events' roles as found, before the verdict turns the
         winner's other roots into confirmations."""
-        self.fixed = None
-        self.fixed = self.category
+        self.fixed = self._decide()
 
     @property
     def category(self) -> Category:
-        if self.fixed is not None:
-            return self.fixed
+        return self.fixed if self.fixed is not None else self._decide()
+
+    def _decide(self) -> Category:
         roots = [e for e in self.events if e.role == Role.root]
         trusted = [e for e in roots if not e.weak and e.source in TRUSTED]
         # A hardware fact outranks a program-level one in the same incident (an Xid 48 beside

@@ -113,10 +113,13 @@ def _tz(s: Optional[str]) -> Optional[int]:
     return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
 
 
-def _iso(m) -> Stamp:
-    micro, res = _frac(m.group("frac"))
-    return Stamp(int(m.group("y")), int(m.group("mo")), int(m.group("d")), int(m.group("h")),
-                 int(m.group("mi")), int(m.group("s")), micro, _tz(m.group("tz")), res)
+def _iso(m, prefix: str = "") -> Stamp:
+    """The stamp of an _ISO match; `prefix` for a copy of _ISO whose groups were renamed."""
+    g = m.group
+    micro, res = _frac(g(prefix + "frac"))
+    return Stamp(int(g(prefix + "y")), int(g(prefix + "mo")), int(g(prefix + "d")),
+                 int(g(prefix + "h")), int(g(prefix + "mi")), int(g(prefix + "s")), micro,
+                 _tz(g(prefix + "tz")), res)
 
 
 def _sys(m, year=None) -> Stamp:
@@ -182,10 +185,7 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
         elif (m := _FACILITY.match(line)):
             p.kernel_form = m.group("fac") == "kern"
             if m.group("f_iso"):
-                gd = {k[2:]: v for k, v in m.groupdict().items() if k.startswith("f_")}
-                micro, res = _frac(gd["frac"])
-                p.stamp = Stamp(int(gd["y"]), int(gd["mo"]), int(gd["d"]), int(gd["h"]),
-                                int(gd["mi"]), int(gd["s"]), micro, _tz(gd["tz"]), res)
+                p.stamp = _iso(m, "f_")
             if m.group("fhost") and not m.group("fhost")[0].isdigit():
                 p.host = m.group("fhost")
             line = line[m.end():]
@@ -206,10 +206,7 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
         if m:
             p.rank = int(m.group("mrank")) if p.rank is None else p.rank
             if m.group("m_iso") and p.stamp is None:
-                gd = {k[2:]: v for k, v in m.groupdict().items() if k.startswith("m_")}
-                micro, res = _frac(gd["frac"])
-                p.stamp = Stamp(int(gd["y"]), int(gd["mo"]), int(gd["d"]), int(gd["h"]),
-                                int(gd["mi"]), int(gd["s"]), micro, _tz(gd["tz"]), res)
+                p.stamp = _iso(m, "m_")
             line = line[m.end():]
         elif (m := _WORKER_TAG.match(line)) or (m := _RAY_TAG.match(line)):
             line = line[m.end():]
