@@ -10,8 +10,8 @@ from .decode import Event
 from .incident import Incident
 from .lineparse import iso_utc
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Symptom)
-from .taxonomy import Action, Outcome, Role, Source, Tag
-from .verdict import cause_action, rank_list
+from .taxonomy import TRUST, Action, Outcome, Role, Source, Tag
+from .verdict import cause_action, cause_trust, rank_list
 from .xid import meaning as xid_meaning
 
 MAX_EVIDENCE_PER_GROUP = 3
@@ -89,7 +89,8 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
     evidence = []
     for e in ordered:
         evidence.append(Evidence(
-            id=e.id, role=e.role, source=e.source, node=e.node, path=e.line.doc,
+            id=e.id, role=e.role, source=e.source, trust=TRUST[e.source], node=e.node,
+            path=e.line.doc,
             line=e.line.line, timestamp=_stamp(e),
             text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
             category=e.category, offset=e.line.offset if e.line.line is None else None,
@@ -105,7 +106,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
                             rank=inc.rank(links), summary=_explain(inc.first),
                             first_seen=_stamp(inc.first),
                             evidence=ev_ids, rule=inc.first.rule.id, action=text,
-                            action_code=code))
+                            action_code=code, trust=cause_trust(inc)))
 
     symptoms = []
     for k in group_keys:

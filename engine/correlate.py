@@ -23,6 +23,7 @@ class Links:
     host_node: dict = field(default_factory=dict)     # host name or IP -> node
     pid_rank: dict = field(default_factory=dict)      # (node, pid) -> rank
     gpu_identity: dict = field(default_factory=dict)  # (node, pci) -> {"uuid", "serial"}
+    launcher_ranks: set = field(default_factory=set)  # ranks placed by the launcher's own word
 
 
 def _resolve_host(host: Optional[str], nodes: set) -> Optional[str]:
@@ -53,26 +54,34 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             n = _resolve_host(h, nodes)
             if n:
                 L.host_node[h] = n
-    # rank -> node: a rank's line in a node folder, or a line whose prefix names the host.
-    votes: dict[int, Counter] = defaultdict(Counter)
+    # rank -> node. The launcher's word (a rank's line in a node folder, torchelastic's failure
+    # report, srun's task list) outranks a host name in a line's own text (NCCL's host:pid
+    # prefix), which the rank's program prints and could print for any host.
+    launcher: dict[int, Counter] = defaultdict(Counter)
+    printed: dict[int, Counter] = defaultdict(Counter)
     for ev in events:
         if ev.rank is None:
             continue
-        n = ev.line.node or _resolve_host(ev.caps.get("host") or ev.caps.get("nccl_host"), nodes)
-        if n and ev.rule.decode != "childfailed":
-            votes[ev.rank][n] += 1
         if ev.rule.decode == "childfailed":
             n = _resolve_host(ev.caps.get("host"), nodes)
             if n:
-                votes[ev.rank][n] += 10
+                launcher[ev.rank][n] += 10
+        elif ev.line.node:
+            launcher[ev.rank][ev.line.node] += 1
+        else:
+            n = _resolve_host(ev.caps.get("host") or ev.caps.get("nccl_host"), nodes)
+            if n:
+                printed[ev.rank][n] += 1
     for ev in events:                     # srun: error: <node>: tasks 32-35,37: ...
         if ev.rule.decode == "srun_exit" and ev.caps.get("tasks"):
             n = _resolve_host(ev.caps.get("node"), nodes)
             for r in _ranks(ev.caps["tasks"]):
                 if n:
-                    votes[r][n] += 5
-    for r, c in votes.items():
+                    launcher[r][n] += 5
+    for r in sorted(set(launcher) | set(printed)):
+        c = launcher.get(r) or printed[r]
         L.rank_node[r] = sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+    L.launcher_ranks = set(launcher)
     if job.nodes and job.num_tasks and job.tasks_per_node and \
             job.num_tasks == len(job.nodes) * job.tasks_per_node:
         for r in range(job.num_tasks):   # block distribution, only where nothing else said
@@ -113,7 +122,8 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
     # Apply: fill node, GPU and time bounds that a single line could not know.
     for ev in events:
         if ev.node is None:
-            n = _resolve_host(ev.caps.get("node"), nodes) or \
+            n = L.rank_node.get(ev.rank) if ev.rank in L.launcher_ranks else None
+            n = n or _resolve_host(ev.caps.get("node"), nodes) or \
                 _resolve_host(ev.caps.get("nccl_host"), nodes)
             if n is None and _PLAIN_HOST.match(ev.caps.get("node") or "") and (
                     ev.source == Source.scheduler or FAMILY.get(ev.category) == "workload"):

@@ -11,7 +11,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .taxonomy import Action, Category, Outcome, Role, Source
+from .taxonomy import Action, Category, Outcome, Role, Source, Trust
 
 # --------------------------------------------------------------------------------------------
 # Rules (engine/rules/<domain>/<mechanism>.yaml)
@@ -182,6 +182,7 @@ class Evidence(_Out):
     id: str
     role: Role
     source: Source
+    trust: Trust
     node: Optional[str]
     path: str
     line: Optional[int]
@@ -209,6 +210,7 @@ class Cause(_Out):
     rule: str
     action: str
     action_code: Action
+    trust: Trust          # the most trusted source among the cause's own evidence
 
 
 class Symptom(_Out):

@@ -72,6 +72,20 @@ class Source(str, Enum):
     probe = "probe"          # sattrib's own probes (a probe that failed or timed out)
 
 
+class Trust(str, Enum):
+    """How far a piece of evidence can be believed about the machine: by where it came from."""
+    kernel = "kernel"                  # the node's kernel and system log
+    node_telemetry = "node_telemetry"  # nvidia-smi, DCGM, InfiniBand state, sattrib's probes
+    scheduler = "scheduler"            # Slurm's own records and messages
+    job_output = "job_output"          # what the job printed: the user controls every byte
+
+
+TRUST = {Source.kernel: Trust.kernel, Source.system: Trust.kernel,
+         Source.gpu: Trust.node_telemetry, Source.dcgm: Trust.node_telemetry,
+         Source.ib: Trust.node_telemetry, Source.probe: Trust.node_telemetry,
+         Source.scheduler: Trust.scheduler, Source.stderr: Trust.job_output}
+
+
 class Action(str, Enum):
     """Closed set of recommended actions (after gpud's repair actions and NVIDIA's buckets)."""
     none = "none"
@@ -83,6 +97,7 @@ class Action(str, Enum):
     reset_gpu = "reset_gpu"
     reboot_node = "reboot_node"
     drain_node = "drain_node"                # take the node out of service and inspect it
+    inspect_node = "inspect_node"            # check the node before taking it out of service
     inspect_nvlink = "inspect_nvlink"
     inspect_network_link = "inspect_network_link"
     fix_network_config = "fix_network_config"

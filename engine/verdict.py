@@ -5,10 +5,38 @@ from __future__ import annotations
 from .correlate import Links
 from .decode import Event
 from .incident import Incident
-from .taxonomy import INFRASTRUCTURE, Action, Category, Role, Tag
+from .taxonomy import INFRASTRUCTURE, TRUST, Action, Category, Role, Tag, Trust
+
+# Actions that take the node out of service (their texts begin with "drain").
+OUT_OF_SERVICE = {Action.reset_gpu, Action.reboot_node, Action.drain_node, Action.inspect_nvlink,
+                  Action.inspect_network_link}
+
+
+def cause_trust(inc: Incident) -> Trust:
+    """The most trusted source among the incident's own evidence."""
+    order = list(Trust)
+    return min((TRUST[e.source] for e in inc.events), key=order.index, default=Trust.job_output)
 
 
 def cause_action(inc: Incident, links: Links) -> tuple[str, Action]:
+    text, code = _action(inc, links)
+    if cause_trust(inc) != Trust.job_output:
+        return text, code
+    # Only the job's own output says so: the user controls every byte of it. Name what it
+    # says, but never take a node out of service on it.
+    node = inc.node or "the node"
+    if code in OUT_OF_SERVICE:
+        g = f" GPU {inc.gpu}" if inc.gpu else ""
+        return (f"inspect {node}{g} before taking it out of service: only the job's output "
+                f"reports this {inc.category.value} fault (no kernel, GPU, fabric or scheduler record); "
+                "read its kernel log and run DCGM diagnostics (dcgmi diag -r 3)",
+                Action.inspect_node)
+    if text.startswith(f"drain {node}; "):
+        text = text[len(f"drain {node}; "):]
+    return text, code
+
+
+def _action(inc: Incident, links: Links) -> tuple[str, Action]:
     cat = inc.category
     node = inc.node or "the node"
     gpu = inc.gpu

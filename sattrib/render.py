@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .engine.hostlist import compress
+from .engine.taxonomy import INFRASTRUCTURE, Category
 
 MAX_EVIDENCE_LINES = 8
 MAX_SYMPTOMS = 8
@@ -65,6 +66,8 @@ def render(d: dict) -> str:
                                      c.get("rank") is not None and f"rank {c['rank']}") if x)
         out.append(f"{label}: " + _c(f"{c['category']} {where}".strip(), bold=True))
         out.append(f"  {c['summary']}")
+        if c.get("trust") == "job_output" and Category(c["category"]) in INFRASTRUCTURE:
+            out.append("  evidence: the job's own output only (no kernel, GPU or scheduler record)")
         if c.get("first_seen"):
             out.append(f"  first seen {c['first_seen']}")
         shown = c.get("evidence", [])[:MAX_EVIDENCE_LINES]
