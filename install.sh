@@ -480,7 +480,7 @@ fingerprint() {
 log_append_function() {
     cat <<'EOF'
 # Appends stdin to $log, never through a symbolic link; a log that cannot be opened so loses it.
-log_append() { dd of="$log" oflag=append,nofollow,nonblock conv=notrunc status=none 2>/dev/null || :; }
+log_append() { (umask 027; dd of="$log" oflag=append,nofollow,nonblock conv=notrunc status=none) 2>/dev/null || :; }
 EOF
 }
 
