@@ -96,7 +96,8 @@ def _open_dir(path: Path, dir_fd: int | None = None) -> int:
             link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
         except OSError:
             link = False
-        raise SpoolError(f"{path} is {'a symbolic link (not followed)' if link else 'not a directory'}") from None
+        what = "a symbolic link (not followed)" if link else "not a directory"
+        raise SpoolError(f"{path} is {what}") from None
 
 
 def _check_dir(fd: int, path: Path, owners: set) -> None:
