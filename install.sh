@@ -14,9 +14,10 @@ usage() {
     cat <<EOF
 Usage: sh install.sh [OPTION]...
 
-Install sattrib from this source tree: a virtual environment in PREFIX/venv, the Slurm hook
-wrappers in PREFIX/libexec, PREFIX/bin/sattrib, the configuration (written only when absent)
-and the database, spool and log directories. Running it again changes nothing.
+Install sattrib from this source tree: a virtual environment in PREFIX/venv (dependencies
+pinned and hash-checked from etc/requirements.lock), the Slurm hook wrappers in
+PREFIX/libexec, PREFIX/bin/sattrib, the configuration (written only when absent) and the
+database, spool and log directories. Running it again changes nothing.
 
 Options:
   --prefix DIR          install here (default $DEFAULT_PREFIX)
@@ -27,7 +28,8 @@ Options:
   --spool DIR           hand-off spool of the node Epilogs (default /var/spool/sattrib;
                         PREFIX/var/spool/sattrib with a non-default --prefix)
   --log DIR             hook logs (default /var/log/sattrib;
-                        PREFIX/var/log/sattrib with a non-default --prefix)
+                        PREFIX/var/log/sattrib with a non-default --prefix): epilog.log,
+                        epilog-slurmctld.log, worker.log
   --slurm-user USER     owner of the database (default: SlurmUser from \`scontrol show config\`,
                         else from slurm.conf (\$SLURM_CONF or /etc/slurm/slurm.conf), else slurm;
                         root when that user does not exist)
@@ -40,8 +42,17 @@ Options:
   --purge               with --uninstall: remove those as well
   -h, --help            this help
 
-Run as root for a system install (ownership of the data, spool and log directories is set
-for the Slurm user); as any other user, directories are only created.
+Run as root for a system install: the database directory is the Slurm user's, the spool
+root:<its group> 2770, the log directory root:root 0755 with epilog.log root's and
+epilog-slurmctld.log and worker.log the Slurm user's (0640 each; the hooks append to them and
+never follow a symbolic link), and /etc/logrotate.d/sattrib (default prefix only) re-creates
+each log for its writer. An existing directory of sattrib's own gets its owner and mode fixed.
+As any other user, directories and files are only created.
+
+Examples:
+  sudo sh install.sh                          # /opt/sattrib, /etc/sattrib, /var/...
+  sudo sh install.sh --dry-run                # what it would do
+  sh install.sh --prefix ~/sattrib --editable # a development install
 EOF
 }
 
@@ -138,7 +149,12 @@ DATABASE=$VAR/diagnoses.db
 EPILOG=$LIBEXEC/sattrib-epilog
 EPILOG_CTLD=$LIBEXEC/sattrib-epilog-slurmctld
 STAMP=$VENV/.sattrib-install
+# The pinned, hash-checked dependencies. Regenerate (Python 3.11, Linux) after a change to
+# pyproject.toml's dependencies, with the command in the file's header (pip-tools).
+LOCK=$SRC/etc/requirements.lock
 SYSTEM_LINK=/usr/local/bin/sattrib
+LOGROTATE_DIR=/etc/logrotate.d
+LOGROTATE=$LOGROTATE_DIR/sattrib
 
 if [ "$(id -u)" = 0 ]; then AS_ROOT=1; else AS_ROOT=0; fi
 
@@ -224,9 +240,10 @@ uninstall() {
     else
         say "absent" "$VENV"
     fi
-    for w in "$EPILOG" "$EPILOG_CTLD"; do
+    for w in "$EPILOG" "$EPILOG_CTLD" "$LOGROTATE"; do
+        [ "$w" != "$LOGROTATE" ] || [ "$PREFIX" = "$DEFAULT_PREFIX" ] || continue
         if [ -f "$w" ] && grep -q "^$MARKER" "$w"; then
-            act removed "would remove" "$w  (wrapper)"
+            act removed "would remove" "$w  (written by install.sh)"
             run rm -f "$w"
         elif [ -e "$w" ]; then
             warn "$w was not written by install.sh: kept"
@@ -243,7 +260,7 @@ uninstall() {
         purge_dir "$VAR" "database and bundles" diagnoses.db diagnoses.db-wal diagnoses.db-shm \
             diagnoses.db-journal bundles
         purge_dir "$SPOOL" "hand-off spool"
-        purge_dir "$LOG" "hook logs" epilog.log epilog-slurmctld.log
+        purge_dir "$LOG" "hook logs" epilog.log epilog-slurmctld.log worker.log
     else
         for k in "$CONFIG:configuration" "$VAR:database and bundles" "$SPOOL:hand-off spool" \
                  "$LOG:hook logs"; do
@@ -271,6 +288,7 @@ uninstall() {
 
 [ -f "$SRC/pyproject.toml" ] && [ -f "$SRC/etc/sattrib.toml" ] \
     || die "$SRC does not look like the sattrib source tree (no pyproject.toml / etc/sattrib.toml)"
+[ -f "$LOCK" ] || die "$LOCK is missing" "it is part of the source tree: check out the whole tree"
 VERSION=$(sed -n 's/^version *= *"\(.*\)".*/\1/p' "$SRC/pyproject.toml" | head -n 1)
 command -v timeout >/dev/null 2>&1 || die "timeout(1) is missing" "apt install coreutils"
 
@@ -309,6 +327,7 @@ else
     warn "Slurm user '$SLURM_USER' (from $SLURM_USER_FROM) does not exist: using root"
     SLURM_USER=root SLURM_GROUP=$(id -gn root) SLURM_USER_FROM="fallback"
 fi
+ROOT_GROUP=$(id -gn root)
 
 # ---- install: helpers -------------------------------------------------------------------------
 
@@ -346,6 +365,47 @@ ensure_dir() {
             run chmod "0$mode" "$d"
         fi
     fi
+    return 0
+}
+
+# ensure_log PATH OWNER GROUP MODE WHAT: a regular log file (as root: with this owner and
+# mode). Anything else under its name (a symbolic link, a hard link, a FIFO: left from when the
+# directory was group-writable) is removed first, never followed.
+ensure_log() {
+    f=$1 own=$2 grp=$3 mode=$4 what=$5
+    if [ -d "$f" ] && [ ! -L "$f" ]; then
+        die "$f exists and is a directory, not a log file"
+    fi
+    was=""
+    if [ -L "$f" ]; then was="a symbolic link"
+    elif [ -e "$f" ] && [ ! -f "$f" ]; then was="a $(stat -c %F "$f")"
+    elif [ -f "$f" ] && [ "$(stat -c %h "$f")" != 1 ]; then was="a file with $(stat -c %h "$f") hard links"
+    fi
+    if [ -n "$was" ]; then
+        act fixed "would fix" "$f  ($what; was $was: replaced by an empty file)"
+        run rm -f "$f"
+        [ "$DRY" = 0 ] || return 0
+    fi
+    if [ ! -e "$f" ]; then
+        if [ "$AS_ROOT" = 1 ]; then desc="$what; $own:$grp $mode"; else desc=$what; fi
+        act created "would create" "$f  ($desc)"
+        run dd if=/dev/null of="$f" oflag=nofollow conv=excl status=none
+        if [ "$AS_ROOT" = 1 ]; then
+            run chown -h "$own:$grp" "$f"
+        fi
+        run chmod "$mode" "$f"
+        return 0
+    fi
+    if [ "$AS_ROOT" = 1 ]; then
+        cur=$(stat -c '%U:%G %a' "$f")
+        if [ "$cur" != "$own:$grp ${mode#0}" ]; then
+            act fixed "would fix" "$f  ($what; was $cur, now $own:$grp $mode)"
+            run chown -h "$own:$grp" "$f"
+            run chmod "$mode" "$f"
+            return 0
+        fi
+    fi
+    say "exists, kept" "$f  ($what)"
     return 0
 }
 
@@ -400,7 +460,7 @@ fingerprint() {
         printf 'version=%s editable=%s src=%s python=%s\n' "$VERSION" "$EDITABLE" "$SRC" \
             "$( [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)"
         if [ "$EDITABLE" = 1 ]; then
-            cksum pyproject.toml
+            cksum pyproject.toml etc/requirements.lock
         else
             # Everything the build can see, minus VCS, venvs, caches, tests and this install.
             set --
@@ -413,6 +473,15 @@ fingerprint() {
                 -o -type f -exec cksum {} + | LC_ALL=C sort | cksum
         fi
     )
+}
+
+# The wrappers write their own lines with dd (O_APPEND|O_NOFOLLOW, and O_NONBLOCK so that a
+# FIFO cannot hold the hook), never with a shell redirection, which follows a symbolic link.
+log_append_function() {
+    cat <<'EOF'
+# Appends stdin to $log, never through a symbolic link; a log that cannot be opened so loses it.
+log_append() { (umask 027; dd of="$log" oflag=append,nofollow,nonblock conv=notrunc status=none) 2>/dev/null || :; }
+EOF
 }
 
 epilog_wrapper() {
@@ -434,18 +503,19 @@ if [ "\${SLURM_JOB_EXIT_CODE:-0}" = 0 ] && [ "\${SLURM_JOB_EXIT_CODE2:-0:0}" = 0
     exit 0
 fi
 log='$LOG/epilog.log'
-( : >>"\$log" ) 2>/dev/null || log=/dev/null
+$(log_append_function)
 cd / || :
 printf '%s job %s on %s: exit %s, derived %s\n' "\$(date -u +%Y-%m-%dT%H:%M:%SZ)" \\
     "\${SLURM_JOB_ID:-?}" "\${SLURMD_NODENAME:-?}" "\${SLURM_JOB_EXIT_CODE2:-?}" \\
-    "\${SLURM_JOB_DERIVED_EC:-?}" >>"\$log" 2>/dev/null
-# Hard outer deadline ($EPILOG_TIMEOUT s); the hook keeps to epilog_budget_s by itself.
+    "\${SLURM_JOB_DERIVED_EC:-?}" | log_append
+# Hard outer deadline ($EPILOG_TIMEOUT s); the hook keeps to epilog_budget_s by itself. The
+# launcher opens the log (O_NOFOLLOW) and puts the hook's output on it.
 # -I: never import from the working directory or PYTHONPATH (this runs as root).
-timeout -s KILL $EPILOG_TIMEOUT '$VENV/bin/python' -I -m sattrib.slurm_hooks.epilog \\
-    </dev/null >>"\$log" 2>&1
+timeout -s KILL $EPILOG_TIMEOUT '$VENV/bin/python' -I -m sattrib.slurm_hooks.launch "\$log" \\
+    sattrib.slurm_hooks.epilog </dev/null >/dev/null 2>&1
 rc=\$?
 [ "\$rc" = 0 ] || printf '%s job %s: epilog hook exited %s (137: killed at the %s s deadline)\n' \\
-    "\$(date -u +%Y-%m-%dT%H:%M:%SZ)" "\${SLURM_JOB_ID:-?}" "\$rc" $EPILOG_TIMEOUT >>"\$log" 2>/dev/null
+    "\$(date -u +%Y-%m-%dT%H:%M:%SZ)" "\${SLURM_JOB_ID:-?}" "\$rc" $EPILOG_TIMEOUT | log_append
 exit 0
 EOF
 }
@@ -463,14 +533,15 @@ export PATH SATTRIB_CONFIG
 # The worker writes the database and bundles: readable by every user (\`sattrib JOBID\`).
 umask 022
 log='$LOG/epilog-slurmctld.log'
-( : >>"\$log" ) 2>/dev/null || log=/dev/null
+$(log_append_function)
 cd / || :
-# -I: never import from the working directory or PYTHONPATH.
-timeout -s KILL 30 '$VENV/bin/python' -I -m sattrib.slurm_hooks.epilog_slurmctld \\
-    </dev/null >>"\$log" 2>&1
+# The launcher opens the log (O_NOFOLLOW) and puts the hook's output on it; the worker opens
+# worker.log the same way. -I: never import from the working directory or PYTHONPATH.
+timeout -s KILL 30 '$VENV/bin/python' -I -m sattrib.slurm_hooks.launch "\$log" \\
+    sattrib.slurm_hooks.epilog_slurmctld </dev/null >/dev/null 2>&1
 rc=\$?
 [ "\$rc" = 0 ] || printf '%s job %s: epilog_slurmctld hook exited %s (137: killed at the 30 s deadline)\n' \\
-    "\$(date -u +%Y-%m-%dT%H:%M:%SZ)" "\${SLURM_JOB_ID:-?}" "\$rc" >>"\$log" 2>/dev/null
+    "\$(date -u +%Y-%m-%dT%H:%M:%SZ)" "\${SLURM_JOB_ID:-?}" "\$rc" | log_append
 exit 0
 EOF
 }
@@ -496,6 +567,33 @@ config_file() {
             }
             print
         }' "$SRC/etc/sattrib.toml"
+}
+
+# Rotation that keeps the layout: the directory stays root's, each log is made again for the
+# user that writes it (a plain `create` would make SlurmUser's logs root's, and its hooks would
+# then log to /dev/null).
+logrotate_conf() {
+    cat <<EOF
+$MARKER; run it again instead of editing this file.
+$LOG/epilog.log {
+    weekly
+    rotate 8
+    compress
+    delaycompress
+    missingok
+    notifempty
+    create 0640 root $ROOT_GROUP
+}
+$LOG/epilog-slurmctld.log $LOG/worker.log {
+    weekly
+    rotate 8
+    compress
+    delaycompress
+    missingok
+    notifempty
+    create 0640 $SLURM_USER $SLURM_GROUP
+}
+EOF
 }
 
 rules_readme() {
@@ -527,11 +625,20 @@ if [ -n "$have" ] && [ "$want" = "$have" ] && [ -x "$VENV/bin/sattrib" ] \
         && "$VENV/bin/python" -c 'import sattrib' >/dev/null 2>&1; then
     say "exists, kept" "sattrib $VERSION in $VENV  (source unchanged since it was installed)"
 else
-    act installed "would install" "sattrib $VERSION into $VENV  ($how $SRC)"
+    act installed "would install" "sattrib $VERSION into $VENV  (pinned dependencies from $LOCK, hashes checked; then $how --no-deps $SRC)"
     if [ "$DRY" = 0 ]; then
+        # Every dependency (and setuptools, which builds sattrib) at the version and hash in
+        # the lock file; sattrib itself is built without an isolated build environment, so
+        # nothing unpinned is downloaded; wheels only, as a source build would fetch its own
+        # build tools unpinned (every pin has a wheel for Linux x86_64 and aarch64).
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check --require-hashes \
+            --only-binary=:all: -r "$LOCK" \
+            || die "pip install --require-hashes -r $LOCK failed (see above); nothing after it was done" \
+                   "fix the cause and run install.sh again (it keeps the venv and retries); on a platform without these wheels, regenerate the lock there (its header says how)"
         if [ "$EDITABLE" = 1 ]; then set -- -e "$SRC"; else set -- "$SRC"; fi
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check "$@" \
-            || die "pip install failed (see above); nothing after it was done" \
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+            --no-build-isolation "$@" \
+            || die "pip install of sattrib failed (see above); nothing after it was done" \
                    "fix the cause and run install.sh again: it keeps the venv and retries"
         fingerprint >"$STAMP"
     fi
@@ -561,7 +668,16 @@ fi
 ensure_dir "$VAR" "$SLURM_USER" "$SLURM_GROUP" 0755 "database"
 ensure_dir "$BUNDLES" "$SLURM_USER" "$SLURM_GROUP" 0755 "evidence bundles"
 ensure_dir "$SPOOL" root "$SLURM_GROUP" 2770 "hand-off spool: node Epilogs write, the controller worker reads"
-ensure_dir "$LOG" root "$SLURM_GROUP" 0775 "hook logs"
+# Root's hooks write into the log directory: it is root's alone, and each log file is made
+# here for the one user that appends to it (no one else can create, replace or link a name).
+ensure_dir "$LOG" root "$ROOT_GROUP" 0755 "hook logs"
+ensure_log "$LOG/epilog.log" root "$ROOT_GROUP" 0640 "node Epilog log (root)"
+ensure_log "$LOG/epilog-slurmctld.log" "$SLURM_USER" "$SLURM_GROUP" 0640 \
+    "EpilogSlurmctld log ($SLURM_USER)"
+ensure_log "$LOG/worker.log" "$SLURM_USER" "$SLURM_GROUP" 0640 "controller worker log ($SLURM_USER)"
+if [ "$AS_ROOT" = 1 ] && [ "$PREFIX" = "$DEFAULT_PREFIX" ] && [ -d "$LOGROTATE_DIR" ]; then
+    ensure_file "$LOGROTATE" 0644 "logrotate: re-creates each log for its writer" logrotate_conf
+fi
 
 # Wrappers and links.
 ensure_dir "$LIBEXEC" "" "" "" "hook wrappers"
@@ -589,13 +705,17 @@ if [ "$AS_ROOT" = 1 ]; then
 Database: $VAR is readable by every user (0755; the worker writes with umask 022)
 so that \`sattrib JOBID\` works for them; only $SLURM_USER (the EpilogSlurmctld worker) writes it.
 Spool: $SPOOL is root:$SLURM_GROUP 2770; job users cannot enter it.
+Logs: $LOG is root:$ROOT_GROUP 0755: epilog.log is root's, epilog-slurmctld.log and
+worker.log are $SLURM_USER's (0640); the hooks append without following symbolic links.
 EOF
 else
     cat <<EOF
 
 Not run as root: ownership was left as it is. On a real cluster:
   $VAR must be writable by SlurmUser and readable by users (\`sattrib JOBID\`);
-  $SPOOL must be root:<SlurmUser's group> 2770.
+  $SPOOL must be root:<SlurmUser's group> 2770;
+  $LOG must be root:root 0755 with epilog.log root's and epilog-slurmctld.log and
+  worker.log SlurmUser's (0640): run install.sh as root to set all of this.
 EOF
 fi
 cat <<EOF

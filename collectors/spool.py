@@ -8,14 +8,24 @@ controller accepts a snapshot only if MUNGE says a trusted uid (root) made that 
 exactly these bytes, and the file itself is owned by that uid. Job users cannot write into the
 spool (it is root:<SlurmUser group> 2770), and even where they could, they cannot mint a root
 MUNGE credential.
+
+SlurmUser's group can write the spool (the controller worker deletes what it has read), so the
+writer, which runs as root on the nodes, trusts no path in it: it walks the levels with
+directory descriptors that never follow a symbolic link, accepts a cluster or job directory only
+when root (or `spool_writer_uid`) owns it and not every user can write it, and creates its
+temporary files with O_EXCL inside the directory it checked. The reader (SlurmUser) does not
+follow a symlinked cluster or job directory either.
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import json
 import os
 import re
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,30 +53,109 @@ def job_dir(spool: Path, cluster: str, job_id: str, restart: int) -> Path:
 
 def write_snapshot(spool: Path, cluster: str, job_id: str, restart: int, node: str,
                    snapshot: dict, deadline: float, munge: bool = True,
-                   munge_socket: str = "") -> Path:
+                   munge_socket: str = "", writer_uid: int = 0) -> Path:
+    """Write one node's snapshot (and its MUNGE credential) into the job's spool directory.
+
+    Raises SpoolError, without writing anything, when a level of the spool is a symbolic link,
+    owned by someone other than root / `writer_uid` / this process, or writable by every user.
+    """
     d = job_dir(spool, cluster, job_id, restart)
-    for part in (d.parent, d):
-        if not part.is_dir():
-            part.mkdir(parents=True, exist_ok=True)
-            try:
-                os.chmod(part, 0o2770)     # whatever the umask: SlurmUser's group must delete
-            except OSError:
-                pass
+    name = f"{_safe(node, 'node')}.snap.gz"
+    owners = {0, writer_uid, os.geteuid()}
     data = gzip.compress(json.dumps(snapshot, sort_keys=True).encode(), compresslevel=5, mtime=0)
-    final = d / f"{_safe(node, 'node')}.snap.gz"
-    _atomic_write(final, data)
-    if munge:
-        digest = hashlib.sha256(data).hexdigest()
-        argv = ["munge", "-s", digest] + (["-S", munge_socket] if munge_socket else [])
-        r = probe.run("munge", argv, deadline, max_bytes=1 << 16)
-        if r.ok:
-            _atomic_write(final.with_name(final.name + ".munge"), r.out)
-    return final
+    fds: list[int] = []
+    try:
+        fds.append(_open_spool_root(Path(spool), owners))
+        fds.append(_enter(fds[-1], d.parent, owners))
+        fds.append(_enter(fds[-1], d, owners))
+        _atomic_write(fds[-1], name, data)
+        if munge:
+            digest = hashlib.sha256(data).hexdigest()
+            argv = ["munge", "-s", digest] + (["-S", munge_socket] if munge_socket else [])
+            r = probe.run("munge", argv, deadline, max_bytes=1 << 16)
+            if r.ok:
+                _atomic_write(fds[-1], name + ".munge", r.out)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return d / name
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(path: Path, dir_fd: int | None = None) -> int:
+    """Open a directory (by its last component when dir_fd is given) without following it."""
+    name = path.name if dir_fd is not None else str(path)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        try:
+            link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+        except OSError:
+            link = False
+        what = "a symbolic link (not followed)" if link else "not a directory"
+        raise SpoolError(f"{path} is {what}") from None
+
+
+def _check_dir(fd: int, path: Path, owners: set) -> None:
+    st = os.fstat(fd)
+    if st.st_uid not in owners:
+        raise SpoolError(f"{path} is owned by uid {st.st_uid}, not by root or the spool writer "
+                         f"(uids {sorted(owners)}); remove it or set spool_writer_uid")
+    if st.st_mode & stat.S_IWOTH:
+        raise SpoolError(f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}); "
+                         "the spool must be root:<SlurmUser group> 2770")
+
+
+def _open_spool_root(spool: Path, owners: set) -> int:
+    created = False
+    if not os.path.lexists(spool):
+        os.makedirs(spool, exist_ok=True)
+        created = True
+    fd = _open_dir(spool)
+    try:
+        _check_dir(fd, spool, owners)
+        if created:
+            os.fchmod(fd, 0o2770)       # whatever the umask: SlurmUser's group must delete
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _enter(parent_fd: int, path: Path, owners: set) -> int:
+    """The directory `path` (one level below parent_fd), made when missing, checked."""
+    created = False
+    try:
+        os.mkdir(path.name, 0o770, dir_fd=parent_fd)
+        created = True
+    except FileExistsError:
+        pass
+    fd = _open_dir(path, parent_fd)
+    try:
+        _check_dir(fd, path, owners)
+        if created:
+            os.fchmod(fd, 0o2770)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _atomic_write(dir_fd: int, name: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(8):
+        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o640, dir_fd=dir_fd)
+            break
+        except FileExistsError:         # someone else's file: never reuse it
+            continue
+    else:
+        raise SpoolError(f"cannot create a temporary file for {name}")
     try:
         view = memoryview(data)
         while view:
@@ -74,15 +163,24 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         if fd >= 0:
             os.close(fd)
         try:
-            os.unlink(tmp)              # disk full, killed: leave no half-written file
+            os.unlink(tmp, dir_fd=dir_fd)   # disk full, killed: leave no half-written file
         except OSError:
             pass
         raise
+
+
+def _open_job_dir(d: Path) -> int:
+    """A job's spool directory, with neither it nor its cluster directory followed if a link."""
+    parent = _open_dir(d.parent)
+    try:
+        return _open_dir(d, parent)
+    finally:
+        os.close(parent)
 
 
 @dataclass
@@ -97,19 +195,34 @@ def read_snapshots(d: Path, job_id: str, restart: int, trusted_uids: set,
                    require_munge: bool, deadline: float, notes: list,
                    munge_socket: str = "") -> dict[str, Snapshot]:
     """Every acceptable snapshot in a job's spool directory, by node. Rejections become notes."""
-    out: dict[str, Snapshot] = {}
     try:
-        names = sorted(os.listdir(d))
+        dfd = _open_job_dir(d)
+    except SpoolError as e:
+        notes.append(f"spool {e}")
+        return {}
     except OSError as e:
         notes.append(f"spool {d}: cannot list ({e.strerror})")
-        return out
+        return {}
+    try:
+        return _read_snapshots(dfd, d, job_id, restart, trusted_uids, require_munge,
+                               deadline, notes, munge_socket)
+    finally:
+        os.close(dfd)
+
+
+def _read_snapshots(dfd: int, d: Path, job_id: str, restart: int, trusted_uids: set,
+                    require_munge: bool, deadline: float, notes: list,
+                    munge_socket: str) -> dict[str, Snapshot]:
+    out: dict[str, Snapshot] = {}
+    names = sorted(os.listdir(dfd))
+    via_fd = Path(f"/proc/self/fd/{dfd}")       # the directory opened above, not its path
     for name in names:
         if not name.endswith(".snap.gz") or name.startswith("."):
             continue
         node = name[: -len(".snap.gz")]
         path = d / name
         try:
-            fd, st = open_regular(str(path))
+            fd, st = open_regular(name, dir_fd=dfd)
         except SkipFile as e:
             notes.append(f"snapshot from {node} rejected: {e}")
             continue
@@ -125,7 +238,7 @@ def read_snapshots(d: Path, job_id: str, restart: int, trusted_uids: set,
         finally:
             os.close(fd)
         how = f"owner uid {st.st_uid}"
-        cred = path.with_name(name + ".munge")
+        cred = via_fd / (name + ".munge")
         if cred.is_file() and not cred.is_symlink():
             ok, why = _verify_munge(cred, raw, trusted_uids, deadline, munge_socket)
             if not ok:
@@ -183,12 +296,23 @@ def _verify_munge(cred: Path, raw: bytes, trusted: set, deadline: float,
 
 
 def remove_job(d: Path) -> None:
+    """Delete a job's spool directory and its files; a symlinked directory is not followed."""
     try:
-        for name in os.listdir(d):
-            try:
-                os.unlink(d / name)
-            except OSError:
-                pass
-        os.rmdir(d)
-    except OSError:
+        parent = _open_dir(d.parent)
+    except (OSError, SpoolError):
+        return
+    try:
+        dfd = _open_dir(d, parent)
+        try:
+            for name in os.listdir(dfd):
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except OSError:
+                    pass
+        finally:
+            os.close(dfd)
+        os.rmdir(d.name, dir_fd=parent)
+    except (OSError, SpoolError):
         pass
+    finally:
+        os.close(parent)

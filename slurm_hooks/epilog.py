@@ -35,9 +35,13 @@ def snapshot(env, deadline: float) -> str:
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
     cluster = job.cluster or st.cluster
-    path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
-                                deadline, munge=st.spool_auth == "munge",
-                                munge_socket=st.munge_socket)
+    try:
+        path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
+                                    deadline, munge=st.spool_auth == "munge",
+                                    munge_socket=st.munge_socket,
+                                    writer_uid=st.spool_writer_uid)
+    except spool.SpoolError as e:     # a level of the spool is not safe for root to write in
+        return f"job {job.job_id}.{job.restart} on {node}: snapshot not written: {e}"
     failed = [p["name"] for p in snap["probes"] if not p["ok"]]
     return (f"job {job.job_id}.{job.restart} on {node}: snapshot {path} "
             f"({', '.join(sorted(snap['files'])) or 'no files'}"

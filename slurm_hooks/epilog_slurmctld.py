@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from .launch import open_log
+
 log = logging.getLogger("sattrib.epilog_slurmctld")
 
 
@@ -42,10 +44,7 @@ def _detach(log_path: str) -> bool:
         os.chdir("/")
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        try:
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        except OSError:
-            fd = os.open(os.devnull, os.O_WRONLY)
+        fd = open_log(log_path)     # O_NOFOLLOW; /dev/null when it cannot be opened safely
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.closerange(3, 1024)

@@ -11,6 +11,7 @@ import grp
 import os
 import pwd
 import re
+import shutil
 import stat
 import subprocess
 import time
@@ -210,7 +211,8 @@ def test_first_install_creates_everything(main):
     assert out, "the module's install ran before this test"
     for p in (main.prefix, main.venv, main.config, main.etc / "rules.d", main.var,
               main.var / "bundles", main.spool, main.log, main.epilog, main.epilog_ctld,
-              main.sattrib):
+              main.sattrib, main.log / "epilog.log", main.log / "epilog-slurmctld.log",
+              main.log / "worker.log"):
         assert p.exists(), p
         assert any(ln.startswith("created") and str(p) in ln for ln in action_lines(out)), p
     assert (main.venv / "bin/python").is_file() and (main.venv / "pyvenv.cfg").is_file()
@@ -232,8 +234,14 @@ def test_ownership_as_root(main):
     assert owner(main.var) == (SLURM_USER, group, 0o755)
     assert owner(main.var / "bundles") == (SLURM_USER, group, 0o755)
     assert owner(main.spool) == ("root", group, 0o2770)
-    assert owner(main.log) == ("root", group, 0o775)
+    # Root's hooks write into the log directory: only root may add, replace or link a name in
+    # it; each log is made for the user that appends to it.
+    assert owner(main.log) == ("root", "root", 0o755)
+    assert owner(main.log / "epilog.log") == ("root", "root", 0o640)
+    assert owner(main.log / "epilog-slurmctld.log") == (SLURM_USER, group, 0o640)
+    assert owner(main.log / "worker.log") == (SLURM_USER, group, 0o640)
     assert "readable by every user" in main.output
+    assert f"Logs: {main.log} is root:root 0755" in main.output
 
 
 @slow
@@ -246,7 +254,10 @@ def test_wrappers_are_self_contained(main):
         assert HOOK_PATH in text.splitlines()
         assert f"SATTRIB_CONFIG='{main.config}'" in text
         assert "export PATH SATTRIB_CONFIG" in text
-        assert f"timeout -s KILL {deadline} '{main.venv}/bin/python' -I -m {module}" in text
+        assert (f"timeout -s KILL {deadline} '{main.venv}/bin/python' -I -m "
+                f"sattrib.slurm_hooks.launch \"$log\" \\\n    {module} </dev/null") in text
+        # no shell redirection into the log (it would follow a symbolic link)
+        assert ">>" not in text and 'dd of="$log" oflag=append,nofollow' in text
         assert text.rstrip().endswith("exit 0")
         assert "set -e" not in text
         assert subprocess.run(["sh", "-n", str(w)]).returncode == 0
@@ -372,7 +383,8 @@ def test_epilog_exits_0_when_the_hook_module_fails(main, tmp_path):
     assert r.returncode == 0, r.stderr
     log = (tmp_path / "epilog.log").read_text()
     assert "job 4242 on node-07: exit 1:0" in log
-    assert "No module named sattrib.slurm_hooks.no_such_module" in log
+    assert ("cannot import the hook module: No module named "
+            "'sattrib.slurm_hooks.no_such_module'") in log
     assert "epilog hook exited 1" in log
 
 
@@ -414,6 +426,98 @@ def test_real_epilog_of_a_failed_job_exits_0(main):
         for dirpath, dirnames, _ in os.walk(main.spool):
             for d in dirnames:
                 assert Path(dirpath, d).stat().st_mode & 0o070 == 0o070, (dirpath, d)
+
+
+@slow
+@pytest.mark.skipif(not IS_ROOT, reason="the hooks' log layout is set as root")
+def test_planted_log_links_are_not_followed_and_a_rerun_replaces_them(main, tmp_path):
+    """Before: the log directory was root:<SlurmUser group> 0775 and the Epilog appended with
+    `>>`; a symlink planted as SlurmUser made root append to a root-only file. The directory of
+    an older install is fixed by a rerun, and what was planted in it is replaced, not followed."""
+    group = grp.getgrgid(pwd.getpwnam(SLURM_USER).pw_gid).gr_name
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    target = secret / "shadow"
+    target.write_text("root only\n")
+    target.chmod(0o600)
+    log = main.log / "epilog.log"
+    log.unlink()
+    log.symlink_to(target)
+    r, _ = _run_hook(main.epilog, FAILED_JOB, timeout=90)
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
+    assert target.read_text() == "root only\n"
+    assert log.is_symlink()
+
+    # the layout of an older install, with its log directory group-writable
+    os.chown(main.log, 0, grp.getgrnam(group).gr_gid)
+    main.log.chmod(0o775)
+    (main.log / "worker.log").unlink()
+    os.link(target, main.log / "worker.log")                   # a hard link as well
+    r = run_install(*main.args())
+    assert f"fixed          {main.log}  (hook logs; was root:{group} 775, now root:root 0755)" \
+        in r.stdout
+    assert f"fixed          {log}  (node Epilog log (root); was a symbolic link" in r.stdout
+    assert f"worker.log  (controller worker log ({SLURM_USER}); was a file with 2 hard links" \
+        in r.stdout
+    for name, who in (("epilog.log", "root"), ("worker.log", SLURM_USER)):
+        st = (main.log / name).lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == 0, name
+        assert (pwd.getpwuid(st.st_uid).pw_name, stat.S_IMODE(st.st_mode)) == (who, 0o640)
+    assert target.read_text() == "root only\n" and target.stat().st_nlink == 1
+    assert "Nothing to do" in run_install(*main.args()).stdout
+
+
+@slow
+def test_dependencies_are_the_pinned_ones(main):
+    lock = (ROOT / "etc/requirements.lock").read_text()
+    pins = {}
+    for m in re.finditer(r"^([A-Za-z0-9._-]+)==([^ ;\\]+)(?: ; ([^\\]+))?", lock, re.M):
+        name, version, marker = m.groups()
+        if marker and "x86_64" in marker and os.uname().machine != "x86_64":
+            continue
+        pins[re.sub(r"[-_.]+", "-", name.lower())] = version
+    assert "hyperscan" in pins and "setuptools" in pins and "pydantic" in pins
+    assert "pytest" not in pins                     # the test extras are not in the lock
+    r = subprocess.run([str(main.venv / "bin/pip"), "freeze", "--all", "--exclude-editable"],
+                       capture_output=True, text=True, env=clean_env(), timeout=120)
+    have = {}
+    for line in r.stdout.splitlines():
+        if "==" in line:
+            name, version = line.split("==", 1)
+            have[re.sub(r"[-_.]+", "-", name.lower())] = version
+    for name, version in pins.items():
+        assert have.get(name) == version, (name, version, have.get(name))
+    assert set(have) <= set(pins), set(have) - set(pins)
+    assert "hashes checked" in main.output
+
+
+@slow
+def test_a_dependency_whose_hash_differs_is_not_installed(tmp_path):
+    """install.sh installs only what etc/requirements.lock pins, by hash: a lock whose hash of
+    PyYAML does not match the real file stops the install before sattrib is installed."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "tests", "bench", "__pycache__", "*.egg-info", "docs"))
+    lock = src / "etc/requirements.lock"
+    text = lock.read_text()
+    block = re.search(r"^pyyaml==.*?(?=^\S)", text, re.M | re.S).group(0)
+    forged = re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + "0" * 64, block)
+    lock.write_text(text.replace(block, forged))
+    lay = Layout(tmp_path / "p")
+    r = run_install(*lay.args(), src=src, check=False)
+    assert r.returncode == 1, r.stdout
+    assert "error: pip install --require-hashes -r" in r.stderr
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in r.stdout + r.stderr
+    assert not (lay.venv / "bin/sattrib").exists()
+    assert not lay.epilog.exists()                  # nothing after pip was done
+
+
+@pytest.mark.skipif(not IS_ROOT or not Path("/etc/logrotate.d").is_dir(),
+                    reason="the logrotate file is written by a root install with the default prefix")
+def test_default_install_rotates_the_logs_for_their_writers():
+    r = run_install("--dry-run", "--slurm-user", SLURM_USER)
+    assert "would create   /etc/logrotate.d/sattrib  (logrotate: re-creates each log" in r.stdout \
+        or "exists, kept   /etc/logrotate.d/sattrib" in r.stdout, r.stdout
 
 
 @slow
