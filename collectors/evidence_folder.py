@@ -298,6 +298,9 @@ class FolderReader:
             # sattrib's own record of the run it collected: its restart count and times win
             # over scontrol's, which may already describe the next run of a requeued job.
             run = own[0]
+            for f in ("job_id", "cluster", "name", "user", "partition"):
+                if not getattr(job, f):        # no scheduler record: the hooks' facts
+                    setattr(job, f, getattr(run, f))
             job.restart = run.restart
             job.start = run.start or job.start
             job.end = run.end or job.end

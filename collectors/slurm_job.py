@@ -3,13 +3,19 @@
 Scheduler state comes from pyslurm when it imports and matches the installed Slurm, otherwise
 from `scontrol show job -d`, `scontrol show node -o` and `sacct -P` (when accounting works).
 The job's stdout/stderr are written by the user: they are read only if they are regular files
-owned by the job's user (no symlinks, no FIFOs), and only up to a size cap (head and tail kept).
+owned by the job's user (no symlinks, no FIFOs), and only up to a size cap (head and tail kept),
+in a child process that is killed and abandoned at the deadline (a file on a hung NFS mount
+blocks open() or read() in the kernel, where no timeout reaches).
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
+import select
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -91,6 +97,19 @@ def pyslurm_job(job_id: str) -> Optional[str]:
     return " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "")) + "\n"
 
 
+def env_info(job) -> dict:
+    """The facts slurmctld passed in EpilogSlurmctld's environment (a slurm_env.JobEnv), keyed
+    as `scontrol show job` names them: what is known when scontrol cannot reach slurmctld."""
+    from ..engine.hostlist import compress
+    info = {"JobId": job.job_id, "JobName": job.name, "User": job.user,
+            "Uid": str(job.uid) if job.uid is not None else None,
+            "UserId": f"{job.user}({job.uid})" if job.user and job.uid is not None else None,
+            "Partition": job.partition, "NodeList": compress(job.nodes) if job.nodes else None,
+            "Restarts": str(job.restart), "StdOut": job.stdout, "StdErr": job.stderr,
+            "WorkDir": job.work_dir, "ArrayJobId": job.array_job, "ArrayTaskId": job.array_task}
+    return {k: v for k, v in info.items() if v not in (None, "")}
+
+
 def wait_final(job_id: str, deadline: float, poll: float = 1.0):
     """`scontrol show job` until the job has left COMPLETING (or the deadline passes)."""
     import time
@@ -122,21 +141,37 @@ def expand_pattern(pattern: str, job_id: str, name: str = "", user: str = "",
     return re.sub(r"%(\d*)([jJxuNntAas%])", rep, pattern)
 
 
-def output_paths(info: dict, extra_globs: list) -> list[str]:
-    """StdOut/StdErr of the job plus the site's extra per-rank globs, absolute and unique."""
+def output_paths(info: dict, extra_globs: list, notes: Optional[list] = None) -> list[str]:
+    """StdOut/StdErr of the job plus the site's extra per-rank globs, absolute and unique.
+
+    In the site's globs, the fields a user chooses (the job name %x, the user %u, the working
+    directory) are literal text, never glob syntax, and a value with a '/' or '..' is refused:
+    it cannot widen the glob or lead it out of the working directory."""
+    notes = [] if notes is None else notes
     work = info.get("WorkDir") or "/"
+    job_id = info.get("JobId", "")
+    array = (info.get("ArrayJobId", ""), info.get("ArrayTaskId", ""))
     paths = []
     for key in ("StdOut", "StdErr"):
         p = info.get(key)
         if not p or p in ("(null)", "/dev/null"):
             continue
-        p = expand_pattern(p, info.get("JobId", ""), info.get("JobName", ""),
-                           info.get("User", ""), info.get("BatchHost", ""))
+        # As Slurm itself expanded it when it created the file.
+        p = expand_pattern(p, job_id, info.get("JobName", ""), info.get("User", ""),
+                           info.get("BatchHost", ""), *array)
         paths.append(p if os.path.isabs(p) else os.path.join(work, p))
+    fields = {"job name (%x)": info.get("JobName", ""), "user (%u)": info.get("User", "")}
+    unsafe = [f"{what} {v!r}" for what, v in fields.items()
+              if "/" in v or ".." in v]
     for g in extra_globs:
-        g = expand_pattern(g, info.get("JobId", ""), info.get("JobName", ""),
-                           info.get("User", ""))
-        g = g if os.path.isabs(g) else os.path.join(work, g)
+        if unsafe and re.search(r"%\d*[xu]", g):
+            notes.append(f"extra_output_globs {g!r} not used: the {', '.join(unsafe)} has a "
+                         "'/' or '..'")
+            continue
+        esc = {k: glob.escape(v) for k, v in fields.items()}
+        g = expand_pattern(g, glob.escape(job_id), esc["job name (%x)"], esc["user (%u)"],
+                           "", *(glob.escape(a) for a in array))
+        g = g if os.path.isabs(g) else os.path.join(glob.escape(work), g)
         paths.extend(sorted(glob.glob(g))[:2000])
     seen, out = set(), []
     for p in paths:
@@ -175,6 +210,77 @@ def copy_output(src: str, dest: Path, owner: Optional[int], cap: int, notes: lis
     finally:
         os.close(fd)
     return True
+
+
+def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
+                 deadline: float) -> int:
+    """copy_output for each (src, dest) in a child process; returns how many were copied.
+    At the deadline the child is killed and abandoned (never waited for): the file it was on
+    and those after it are noted as not read, and their partial copies removed."""
+    t0 = time.monotonic()
+    if not pairs:
+        return 0
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        notes.append(f"job output not read: cannot start the reader ({e.strerror})")
+        return 0
+    if pid == 0:                                     # the child: copy, report, exit
+        try:
+            os.close(r)
+            for i, (src, dest) in enumerate(pairs):
+                sub: list = []
+                ok = copy_output(src, Path(dest), owner, cap, sub)
+                os.write(w, (json.dumps({"i": i, "ok": ok, "notes": sub}) + "\n").encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    buf, done, copied, timed_out = b"", set(), 0, False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([r], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break                                 # the child finished
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                rec = json.loads(ln)
+                done.add(rec["i"])
+                copied += bool(rec["ok"])
+                notes.extend(rec["notes"])
+    finally:
+        os.close(r)
+        if len(done) < len(pairs):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        t_reap = time.monotonic() + 0.2               # reaped if it goes; never waited for
+        try:
+            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < t_reap:
+                time.sleep(0.01)
+        except ChildProcessError:
+            pass
+    secs = time.monotonic() - t0
+    for i, (src, dest) in enumerate(pairs):
+        if i not in done:
+            notes.append(f"{src}: job output not read: " + (
+                f"timed out after {secs:.0f} s" if timed_out else "the reader failed"))
+            try:
+                os.unlink(dest)
+            except OSError:
+                pass
+    return copied
 
 
 kv = slurm_state.parse_kv

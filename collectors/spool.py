@@ -240,7 +240,8 @@ def _read_snapshots(dfd: int, d: Path, job_id: str, restart: int, trusted_uids: 
         how = f"owner uid {st.st_uid}"
         cred = via_fd / (name + ".munge")
         if cred.is_file() and not cred.is_symlink():
-            ok, why = _verify_munge(cred, raw, trusted_uids, deadline, munge_socket)
+            ok, why = _verify_munge(cred, raw, trusted_uids, deadline, munge_socket,
+                                    required=require_munge)
             if not ok:
                 notes.append(f"snapshot from {node} rejected: {why}")
                 continue
@@ -272,7 +273,9 @@ _MUNGE_OK = {0, 15, 17}
 
 
 def _verify_munge(cred: Path, raw: bytes, trusted: set, deadline: float,
-                  socket: str = "") -> tuple[bool, str]:
+                  socket: str = "", required: bool = True) -> tuple[bool, str]:
+    """(accepted, how or why not). Required MUNGE fails closed: without unmunge on this host
+    nothing can be verified, so nothing is accepted."""
     try:
         blob = cred.read_bytes()[: 1 << 16]
     except OSError as e:
@@ -280,6 +283,9 @@ def _verify_munge(cred: Path, raw: bytes, trusted: set, deadline: float,
     argv = ["unmunge"] + (["-S", socket] if socket else [])
     r = probe.run("unmunge", argv, deadline, max_bytes=1 << 16, input=blob)
     if r.reason == "not installed":
+        if required:
+            return False, ("MUNGE required but unmunge is not installed: snapshot rejected; "
+                           'install munge or set spool_auth = "owner"')
         return True, "MUNGE not installed here; owner checked"
     text, err = r.out.decode("utf-8", "replace"), r.err
     st = re.search(r"^STATUS:\s+.*\((\d+)\)", text, re.M)

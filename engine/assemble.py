@@ -220,7 +220,9 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
                 missing.append(tag)
     if job_level_output:
         present.append("output:job")
-    if any(d.source == Source.scheduler for d in bundle.documents):
+    # sattrib's own record of the run (slurm/sattrib-run.json) is not the scheduler's record.
+    if any(d.source == Source.scheduler and d.path != "slurm/sattrib-run.json"
+           for d in bundle.documents):
         present.append("scheduler:job")
     else:
         missing.append("scheduler:job")

@@ -128,9 +128,9 @@ def _row(fields: dict, where: str) -> Row:
                example=fields["example"], note=fields["note"].strip(), where=where)
 
 
-def read_catalog(path: Path, label: str) -> list[Row]:
+def read_catalog(path: Path, label: str, raw: Optional[bytes] = None) -> list[Row]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8") if raw is None else raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CatalogError(f"{label}: cannot read: {e}") from None
     body = [(i, ln) for i, ln in enumerate(text.splitlines(), 1)
@@ -154,9 +154,14 @@ def catalog_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.tsv") if p.is_file())
 
 
-def load_catalogs(roots: Iterable[tuple[Path, str]]) -> tuple[dict[str, list[Row]], str]:
+def load_catalogs(roots: Iterable[tuple[Path, str]], read=None,
+                  problems: Optional[list] = None) -> tuple[dict[str, list[Row]], str]:
     """Rows per rule id and a digest of what was read. Within a folder rows keep file-name then
-    row order; a later folder's rows (a site's) come before the earlier ones, so they win."""
+    row order; a later folder's rows (a site's) come before the earlier ones, so they win.
+    `read(path) -> bytes` reads a file (the loader's size-capped read). With `problems`, an
+    invalid file outside the built-in catalogs is skipped and noted there; without, or in the
+    built-in catalogs, it is a CatalogError."""
+    read = read or (lambda path: path.read_bytes())
     by_rule: dict[str, list[Row]] = {}
     digest = hashlib.sha256()
     for root, prefix in roots:
@@ -165,9 +170,20 @@ def load_catalogs(roots: Iterable[tuple[Path, str]]) -> tuple[dict[str, list[Row
         mine: dict[str, list[Row]] = {}
         for path in catalog_files(root):
             label = prefix + path.relative_to(root).as_posix()
-            for row in read_catalog(path, label):
+            try:
+                try:
+                    raw = read(path)
+                except (OSError, ValueError) as e:
+                    raise CatalogError(f"{label}: cannot read: {e}") from None
+                rows = read_catalog(path, label, raw)
+            except CatalogError as e:
+                if problems is None or root == BUILTIN_DIR:
+                    raise
+                problems.append(f"{e} (file skipped)")
+                continue
+            for row in rows:
                 mine.setdefault(row.rule, []).append(row)
-            digest.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(label.encode() + b"\0" + raw + b"\0")
         for rule, rows in mine.items():
             by_rule[rule] = rows + by_rule.get(rule, [])
     return by_rule, digest.hexdigest()

@@ -106,7 +106,10 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
         outcome = Outcome.unattributed
 
     findings, suspects = progress_findings(events, links, job)
-    return assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-                     engine_version, findings, suspects)
+    d = assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
+                 engine_version, findings, suspects)
+    # A site rule file that did not load: this diagnosis was made without it.
+    d.completeness.notes[:0] = [f"site rules: {p}" for p in getattr(rules, "problems", ())]
+    return d
 
 

@@ -3,10 +3,17 @@
 A rule's id is `<domain>.<mechanism>` and its file is `<domain>/<mechanism>.yaml`. Site rules
 (`rules_dirs` in the config, `/etc/sattrib/rules.d` by default) load after the built-in ones; a
 site rule with the id of a built-in rule replaces it.
+
+Built-in rules are strict: a broken one is a bug and stops the load. A site's broken rule file
+or catalog, loaded with `lenient_site`, is skipped and named in `RuleSet.problems`, which every
+diagnosis made with that rule set carries in its notes: one bad file must not stop every
+diagnosis. Files are size-capped, checked on the open file before anything is read.
 """
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
@@ -24,8 +31,35 @@ BUILTIN_DIR = Path(__file__).parent / "rules"
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when PyYAML has it
 
 
+MAX_RULE_BYTES = 1 << 20          # one rule's YAML
+MAX_CATALOG_BYTES = 4 << 20       # one message catalog (the largest built-in is ~0.1 MiB)
+
+
 class RuleError(ValueError):
     """A rule file is invalid; the message names the file and the problem."""
+
+
+def read_capped(path: Path, cap: int) -> bytes:
+    """A regular file's bytes, refused (ValueError) when fstat says it is bigger than `cap`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > cap:
+            raise ValueError(f"{st.st_size} bytes, over the cap of {cap >> 20} MiB per file")
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = os.read(fd, min(1 << 20, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > cap:
+            raise ValueError(f"grew past the cap of {cap >> 20} MiB while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -46,8 +80,10 @@ class RuleSet:
     """All loaded rules, their prefilter and a version hash of exactly what was loaded."""
 
     def __init__(self, compiled: list[CompiledRule], version: str,
-                 catalogs: Optional[dict[str, list[Row]]] = None):
+                 catalogs: Optional[dict[str, list[Row]]] = None,
+                 problems: Optional[list[str]] = None):
         catalogs = catalogs or {}
+        self.problems = list(problems or [])    # site files skipped, one line each
         for c in compiled:
             c.rows = tuple(catalogs.get(c.rule.id, ()))
         self.catalogs = catalogs
@@ -72,11 +108,15 @@ class RuleSet:
         return len(self.rules)
 
 
-def _load_one(path: Path, root: Path) -> CompiledRule:
+def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRule:
     rel = path.relative_to(root).as_posix()
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raw = read_capped(path, MAX_RULE_BYTES) if raw is None else raw
+    except (OSError, ValueError) as e:
+        raise RuleError(f"{rel}: cannot read: {e}") from None
+    try:
+        data = yaml.load(raw.decode("utf-8"), Loader=_Loader)
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
         raise RuleError(f"{rel}: cannot read YAML: {e}") from None
     if not isinstance(data, dict):
         raise RuleError(f"{rel}: expected a mapping of rule fields")
@@ -104,30 +144,50 @@ def rule_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.yaml") if p.is_file())
 
 
-def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True) -> RuleSet:
+def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
+                lenient_site: bool = False) -> RuleSet:
+    """Built-in rules, then each site folder's. `lenient_site`: a site file that does not load
+    is skipped and named in the rule set's `problems` instead of stopping the load."""
+    extra_dirs = [Path(d) for d in extra_dirs]
     compiled: dict[str, CompiledRule] = {}
+    problems: list[str] = []
     digest = hashlib.sha256()
-    roots = ([BUILTIN_DIR] if builtin else []) + [Path(d) for d in extra_dirs]
+    roots = ([BUILTIN_DIR] if builtin else []) + extra_dirs
     for root in roots:
         if not root.is_dir():
             continue
         for path in rule_files(root):
-            c = _load_one(path, root)
+            try:
+                raw = read_capped(path, MAX_RULE_BYTES)
+                c = _load_one(path, root, raw)
+            except (OSError, ValueError) as e:
+                err = e if isinstance(e, RuleError) else RuleError(
+                    f"{path.relative_to(root).as_posix()}: cannot read: {e}")
+                if not lenient_site or root == BUILTIN_DIR:
+                    raise err from None
+                problems.append(f"{root}/{err} (rule skipped)")
+                continue
             compiled[c.rule.id] = c
-            digest.update(c.path.encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(c.path.encode() + b"\0" + raw + b"\0")
     digest.update(decode.catalog_digest().encode())
     try:
         catalogs, cat_digest = load_catalogs(
             ([(CATALOG_DIR, "catalogs/")] if builtin else []) +
-            [(Path(d), f"{d}/") for d in extra_dirs])
+            [(d, f"{d}/") for d in extra_dirs],
+            read=lambda p: read_capped(p, MAX_CATALOG_BYTES),
+            problems=problems if lenient_site else None)
     except CatalogError as e:
         raise RuleError(str(e)) from None
-    unknown = sorted(r for r in catalogs if r not in compiled)
-    if unknown:
-        row = catalogs[unknown[0]][0]
-        raise RuleError(f"{row.where}: rule {row.rule!r} is not a loaded rule")
+    for rule in sorted(r for r in catalogs if r not in compiled):
+        rows = catalogs[rule]
+        if not lenient_site or any(row.where.startswith("catalogs/") for row in rows):
+            raise RuleError(f"{rows[0].where}: rule {rule!r} is not a loaded rule")
+        problems.append(f"{rows[0].where}: rule {rule!r} is not a loaded rule "
+                        f"({len(rows)} catalog rows skipped)")
+        del catalogs[rule]
     digest.update(cat_digest.encode())
-    return RuleSet(list(compiled.values()), "sha256:" + digest.hexdigest()[:16], catalogs)
+    return RuleSet(list(compiled.values()), "sha256:" + digest.hexdigest()[:16], catalogs,
+                   problems)
 
 
 def check_catalog_examples(rs: RuleSet, prefix: str = "") -> list[str]:

@@ -9,9 +9,11 @@ from .errors import UserError
 
 
 def load_rules(extra_dirs=()):
+    """Built-in and site rules; a site file that does not load is skipped and listed in the
+    rule set's problems (every diagnosis made with it says so), never stops the analysis."""
     from .engine.rules import RuleError, load_rules as _load
     try:
-        return _load([Path(d) for d in extra_dirs])
+        return _load([Path(d) for d in extra_dirs], lenient_site=True)
     except RuleError as e:
         raise UserError(f"invalid rule: {e}", "run `sattrib rules test DIR` to check site rules")
 

@@ -196,6 +196,10 @@ def serve(ctx, host, port, base_url, database, print_command):
         import shlex
         click.echo(shlex.join(prepare(st)[0]))
         return
+    from .mounts import network_fs_warning
+    warning = network_fs_warning(st.database)
+    if warning:
+        click.echo(warning, err=True)
     run_serve(st)
 
 
@@ -369,8 +373,12 @@ Examples:
 @click.pass_context
 def config_cmd(ctx):
     """Print every setting, its effective value and where it came from."""
+    from .mounts import network_fs_warning
     loaded = _settings(ctx)
     click.echo(f"# config file: {loaded.path or '(none)'}")
+    warning = network_fs_warning(loaded.settings.database)
+    if warning:
+        click.echo(f"# {warning}")
     for k, v in loaded.settings.model_dump().items():
         click.echo(f"{k} = {v!r}    # {loaded.sources[k]}")
 

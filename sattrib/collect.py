@@ -4,8 +4,13 @@ Run by the EpilogSlurmctld worker (detached, as SlurmUser) and by `sattrib colle
 Steps: decide whether the run failed (exit codes, final state, a requeue), wait with a deadline
 for the node snapshots, build the job's evidence bundle (an evidence folder: slurm/, logs/, one
 folder per node), analyse it and upsert the diagnosis. The bundle is kept, so a diagnosis can be
-replayed with `sattrib analyze BUNDLE`. Rerunning for the same run rebuilds the same bundle and
-replaces the same database row.
+replayed with `sattrib analyze BUNDLE`, for `keep_bundles_days`. Rerunning for the same run
+rebuilds the same bundle and replaces the same database row.
+
+Nothing the worker cannot fetch loses the diagnosis: without scontrol, the facts slurmctld put in
+EpilogSlurmctld's environment file it under the right job (the scheduler record is then listed
+as missing); every step before the analysis shares one deadline (`worker_deadline_s`), and the
+job's own files are read in a child process that is abandoned at that deadline.
 """
 from __future__ import annotations
 
@@ -76,22 +81,31 @@ def _lock(path: Path, timeout: float):
 
 
 def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = None,
-                force: bool = False, wait_snapshots: Optional[float] = None) -> Outcome:
+                force: bool = False, wait_snapshots: Optional[float] = None,
+                notes: Optional[list] = None) -> Outcome:
+    """`notes`: what the caller already knows the diagnosis should say (a config problem)."""
     from .collectors import slurm_job, spool
     from .engine.hostlist import expand
 
     st = settings
     t0 = time.monotonic()
     ended = time.time()                       # the worker starts when the job ends
+    hard = t0 + st.worker_deadline_s          # every collection step ends by then
     wait = st.collect_wait_s if wait_snapshots is None else wait_snapshots
-    deadline = t0 + wait + 60
+    deadline = min(t0 + wait + 60, hard)
+    notes = list(notes or [])
+    _warn_network_db(st.database)
     cluster = env_job.cluster if env_job and env_job.cluster else None
     if cluster is None:
         # `sattrib collect` by hand: file the run under the name the hooks use.
         cluster = slurm_job.cluster_name(min(deadline, t0 + 10)) or st.cluster
 
-    first, _ = slurm_job.scontrol_job(job_id, min(deadline, t0 + 10))
-    text, err = slurm_job.wait_final(job_id, min(deadline, t0 + 30))
+    first, err = slurm_job.scontrol_job(job_id, min(deadline, t0 + 10))
+    text = ""
+    if first:
+        text, err = slurm_job.wait_final(job_id, min(deadline, t0 + 30))
+    # else slurmctld did not answer (or does not know the job): no more scontrol calls, each
+    # would wait as long (scontrol retries a missing slurm.conf for 60 s).
     if not text:
         text = slurm_job.pyslurm_job(job_id) or ""
     info = slurm_job.kv(text) if text else {}
@@ -99,6 +113,13 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
         raise UserError(f"slurmctld does not know job {job_id} ({err or 'no output'})",
                         "run it within MinJobAge of the job's end, or analyse an evidence "
                         "folder with `sattrib analyze DIR`")
+    if not info:
+        notes.append(f"scontrol show job {job_id} failed ({err or 'no output'}): the "
+                     "scheduler's record is missing; the job's facts are those slurmctld "
+                     "passed to EpilogSlurmctld")
+    if env_job is not None:
+        # What slurmctld passed in the environment fills what scontrol did not say.
+        info = {**slurm_job.env_info(env_job), **info}
     if restart is None:
         restart = env_job.restart if env_job else int(info.get("Restarts") or 0)
         if env_job is None and (info.get("JobState") in ("PENDING", "REQUEUED")) and restart:
@@ -114,22 +135,25 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     run = {"start_time": parse_time(first_kv.get("StartTime")) or (
                env_job.start if env_job else None),
            "end_time": parse_time(info.get("EndTime")) or parse_time(first_kv.get("EndTime")) or (
-               round(ended) if env_job is not None else None)}
+               (env_job.end or round(ended)) if env_job is not None else None)}
 
-    lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}", 120)
+    lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}",
+                 max(min(120, hard - time.monotonic()), 1))
     if lock is None:
         return Outcome(False, f"job {job_id}.{restart}: another worker holds its lock")
     try:
-        return _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
-                               t0, wait, deadline, spool, slurm_job, expand, run)
+        out = _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
+                              t0, wait, deadline, hard, spool, slurm_job, expand, run, notes)
     finally:
         os.close(lock)
+    if out.bundle is not None:
+        prune_bundles(Path(st.bundle_dir), st.keep_bundles_days, keep=out.bundle)
+    return out
 
 
 def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, wait,
-                    deadline, spool, slurm_job, expand, run) -> Outcome:
+                    deadline, hard, spool, slurm_job, expand, run, notes) -> Outcome:
     from .engine.hostlist import compress
-    notes: list[str] = []
     nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
     spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
     bundle_dir = Path(st.bundle_dir) / cluster / f"{job_id}.{restart}"
@@ -138,12 +162,13 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
     if not spool_dir.exists() and (bundle_dir / "diagnosis.json").is_file():
         # A rerun after the run was fully collected (its snapshots are gone from the spool):
         # replay the kept bundle rather than rebuild it with less evidence.
-        d = _analyze_and_store(bundle_dir, cluster, st)
+        d = _analyze_and_store(bundle_dir, cluster, st, notes)
         return Outcome(True, f"job {job_id}.{restart}: replayed its evidence bundle", d,
                        bundle_dir)
 
     # Wait for the node snapshots; nodes Slurm already knows are down will not send one.
-    nodes_text = slurm_job.scontrol_nodes(nodes, min(deadline, time.monotonic() + 10))
+    nodes_text = slurm_job.scontrol_nodes(nodes, min(deadline, time.monotonic() + 10)) \
+        if text else ""
     down = {ln.split()[0].split("=", 1)[1] for ln in nodes_text.splitlines()
             if ln.startswith("NodeName=") and any(s in ln for s in (
                 "State=DOWN", "NOT_RESPONDING", "State=FAIL", "State=UNKNOWN"))}
@@ -155,7 +180,7 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
         notes.append("the job's exit status was 0 (a scheduler-ended run): the node "
                       "Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
-    t_wait = time.monotonic() + wait
+    t_wait = min(time.monotonic() + wait, hard)
     snaps: dict = {}
     while True:
         scratch: list[str] = []
@@ -176,7 +201,7 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
                            nodes_text, slurm_job.sacct(job_id, min(deadline,
                                                                    time.monotonic() + 15)),
                            snaps, info, env_job, restart, st, notes, slurm_job,
-                           dict(run, nodes=compress(nodes)))
+                           dict(run, nodes=compress(nodes)), hard)
     d = _analyze_and_store(bundle, cluster, st)
     spool.remove_job(spool_dir)
     root = d.root_cause
@@ -186,12 +211,17 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
                          "snapshots)", d, bundle)
 
 
-def _analyze_and_store(bundle: Path, cluster: str, st):
+def _analyze_and_store(bundle: Path, cluster: str, st, notes: Optional[list] = None):
+    """`notes` are added to the diagnosis (a replay adds what this run knows, such as a config
+    problem, to the notes kept in the bundle)."""
     from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
     from .store import open_store
     rules = load_rules(st.rules_dirs)
     d, _ = analyze_folder(bundle, settings=analysis_settings(st), rules=rules,
                           limits=reader_limits(st), timezone=st.timezone)
+    for n in notes or ():
+        if n not in d.completeness.notes:
+            d.completeness.notes.append(n)
     tmp = bundle / ".diagnosis.json.tmp"
     tmp.write_text(d.model_dump_json(indent=2) + "\n")
     os.replace(tmp, bundle / "diagnosis.json")
@@ -203,7 +233,7 @@ def _analyze_and_store(bundle: Path, cluster: str, st):
 
 def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, snaps: dict,
                   info: dict, env_job, restart: int, st, notes: list, slurm_job,
-                  run: dict) -> Path:
+                  run: dict, deadline: float) -> Path:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "slurm").mkdir(parents=True)
@@ -214,6 +244,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if sacct_text.count("\n") > 1:
         (tmp / "slurm" / "sacct.txt").write_text(sacct_text)
     record = {"job_id": info.get("JobId") or (env_job.job_id if env_job else None),
+              "name": info.get("JobName"), "user": info.get("User") or None,
+              "partition": info.get("Partition"), "cluster": env_job.cluster if env_job else None,
               "restart_cnt": restart, "sattrib_run": True,
               **{k: v for k, v in run.items() if v is not None}}
     if env_job is not None:
@@ -221,6 +253,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
                       signal=env_job.signal, derived=env_job.derived)
     (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
     for node, snap in sorted(snaps.items()):
+        notes.extend(f"{node}: {n}" for n in (snap.data.get("notes") or [])[:20]
+                     if isinstance(n, str))
         nd = tmp / node
         nd.mkdir()
         for name, content in sorted((snap.data.get("files") or {}).items()):
@@ -234,13 +268,12 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
     logs = tmp / "logs"
     logs.mkdir()
-    if env_job is not None and not info.get("StdOut") and env_job.stdout:
-        info = dict(info, StdOut=env_job.stdout, WorkDir=env_job.work_dir or "/")
-    for i, src in enumerate(slurm_job.output_paths(info, st.extra_output_globs)):
-        name = f"{i:03d}-{os.path.basename(src)[:100]}"
-        slurm_job.copy_output(src, logs / name, uid, st.output_cap_mb << 20, notes)
+    pairs = [(src, logs / f"{i:03d}-{os.path.basename(src)[:100]}") for i, src in
+             enumerate(slurm_job.output_paths(info, st.extra_output_globs, notes))]
+    slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline)
     if notes:
-        (tmp / "slurm" / "collect-notes.txt").write_text("\n".join(notes) + "\n")
+        (tmp / "slurm" / "collect-notes.txt").write_text(
+            "\n".join(dict.fromkeys(notes)) + "\n")
     if dest.exists():
         old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
         os.replace(dest, old)
@@ -249,3 +282,68 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     else:
         os.replace(tmp, dest)
     return dest
+
+
+PRUNE_EVERY_S = 3600
+
+
+def prune_bundles(bundle_dir: Path, keep_days: int, keep: Optional[Path] = None,
+                  now: Optional[float] = None) -> int:
+    """Delete evidence bundles (and their lock files) not changed for `keep_days` days; at
+    most once an hour (a stamp file's mtime), never `keep`; 0 days keeps everything. The
+    database rows stay: a pruned diagnosis is still shown, it can no longer be replayed."""
+    if keep_days <= 0 or not bundle_dir.is_dir():
+        return 0
+    now = time.time() if now is None else now
+    stamp = bundle_dir / ".pruned"
+    try:
+        if now - stamp.stat().st_mtime < PRUNE_EVERY_S:
+            return 0
+    except FileNotFoundError:
+        pass
+    try:
+        stamp.touch()
+        os.utime(stamp, (now, now))
+    except OSError:
+        return 0
+    cutoff = now - keep_days * 86400
+    keep = keep.resolve() if keep else None
+    removed = 0
+    for cluster in _subdirs(bundle_dir):
+        for d in _subdirs(cluster) + _subdirs(cluster / ".locks", files=True):
+            try:
+                old = d.lstat().st_mtime < cutoff
+            except OSError:
+                continue
+            if not old or (keep is not None and d.resolve() == keep):
+                continue
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d, ignore_errors=True)
+                removed += not d.exists()
+            else:
+                try:
+                    d.unlink()
+                except OSError:
+                    pass
+    if removed:
+        log.info("pruned %d evidence bundles older than %d days", removed, keep_days)
+    return removed
+
+
+def _subdirs(d: Path, files: bool = False) -> list:
+    try:
+        return [Path(e.path) for e in os.scandir(d) if not e.name.startswith(".") and (
+            e.is_file(follow_symlinks=False) if files else e.is_dir(follow_symlinks=False))]
+    except OSError:
+        return []
+
+
+_warned: set = set()
+
+
+def _warn_network_db(database: str) -> None:
+    from .mounts import network_fs_warning
+    msg = network_fs_warning(database)
+    if msg and msg not in _warned:
+        _warned.add(msg)
+        log.warning("%s", msg)

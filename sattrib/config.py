@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import UserError
 
@@ -54,6 +54,7 @@ class Settings(BaseModel):
     extra_output_globs: list[str] = Field(default_factory=list)
     output_cap_mb: int = Field(256, ge=1)
     keep_bundles_days: int = Field(30, ge=0)
+    worker_deadline_s: float = Field(300.0, gt=0)  # the whole EpilogSlurmctld worker run
 
     # -- dashboard ---------------------------------------------------------------------------
     serve_host: str = "127.0.0.1"
@@ -62,8 +63,24 @@ class Settings(BaseModel):
     serve_allow_sql: bool = False
     serve_sql_time_limit_ms: int = Field(1000, ge=10)
 
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, tz: str) -> str:
+        try:
+            utc_offset(tz, 0)
+        except UserError as e:
+            raise ValueError(e.message) from None
+        return tz
+
 
 ENV_PREFIX = "SATTRIB_"
+
+# What the hooks read from their environment, besides SATTRIB_CONFIG (the installed wrappers
+# set it): root runs them, and a setting such as probe_path (prepended to root's PATH) belongs
+# in the root-owned config file, not in whatever environment slurmd or slurmctld was started
+# with. journal_dir only chooses which journal files are read, and lets one host stand in for
+# several nodes (each node's Epilog environment names its own journal folder).
+HOOK_ENV_KEYS = ("journal_dir",)
 
 
 def _coerce(name: str, raw: str) -> Any:
@@ -79,31 +96,50 @@ def _coerce(name: str, raw: str) -> Any:
 
 
 class Loaded:
-    def __init__(self, settings: Settings, sources: dict[str, str], path: Optional[Path]):
+    def __init__(self, settings: Settings, sources: dict[str, str], path: Optional[Path],
+                 problems: Optional[list[str]] = None):
         self.settings = settings
         self.sources = sources
         self.path = path
+        self.problems = problems or []      # what a lenient load ignored, one line each
 
 
 def load(flags: Optional[dict] = None, path: Optional[Path] = None,
-         env: Optional[dict] = None) -> Loaded:
+         env: Optional[dict] = None, lenient: bool = False,
+         env_keys: Optional[tuple] = None) -> Loaded:
+    """The effective settings. Strict (the CLI): the first problem is a UserError. Lenient
+    (the hooks): a problem drops only what it concerns (an unreadable file, an unknown key,
+    an invalid value), that setting keeps its default, and `problems` says so. `env_keys`
+    limits which settings are read from SATTRIB_* variables (None: all of them)."""
     from .paths import config_path
     env = os.environ if env is None else env
     path = config_path(path, env)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    problems: list[str] = []
+
+    def problem(msg: str, hint: str, ignored: str) -> None:
+        if not lenient:
+            raise UserError(msg, hint)
+        problems.append(f"{msg}: {ignored}")
+
     if path.is_file():
+        data: dict = {}
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise UserError(f"cannot read {path}: {e}", "fix the TOML syntax") from None
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            problem(f"cannot read {path}: {e}", "fix the TOML syntax",
+                    "the whole file ignored, defaults used")
         for k, v in data.items():
             if k not in Settings.model_fields:
-                raise UserError(f"{path}: unknown key {k!r}",
-                                "see etc/sattrib.toml for the list of keys")
+                problem(f"{path}: unknown key {k!r}", "see etc/sattrib.toml for the list of keys",
+                        "ignored; defaults used")
+                continue
             values[k] = v
             sources[k] = str(path)
     for k in Settings.model_fields:
+        if env_keys is not None and k not in env_keys:
+            continue
         raw = env.get(ENV_PREFIX + k.upper())
         if raw is not None:
             values[k] = _coerce(k, raw)
@@ -112,16 +148,31 @@ def load(flags: Optional[dict] = None, path: Optional[Path] = None,
         if v is not None:
             values[k] = v
             sources[k] = "flag"
-    try:
-        st = Settings(**values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        key = ".".join(str(x) for x in first["loc"])
-        raise UserError(f"invalid setting {key}: {first['msg']} (from {sources.get(key, '?')})",
-                        "see `sattrib config` and etc/sattrib.toml") from None
+    while True:
+        try:
+            st = Settings(**values)
+            break
+        except ValidationError as e:
+            before = len(values)
+            for err in e.errors():
+                key = ".".join(str(x) for x in err["loc"])
+                problem(f"invalid setting {key}: {err['msg']} (from {sources.get(key, '?')})",
+                        "see `sattrib config` and etc/sattrib.toml", "its default used")
+                name = str(err["loc"][0]) if err["loc"] else ""
+                values.pop(name, None)
+                sources.pop(name, None)
+            if len(values) == before:           # nothing left to drop: never loop
+                raise UserError(f"invalid settings: {e.errors()[0]['msg']}",
+                                "see `sattrib config` and etc/sattrib.toml") from None
     for k in Settings.model_fields:
         sources.setdefault(k, "default")
-    return Loaded(st, sources, path if path.is_file() else None)
+    return Loaded(st, sources, path if path.is_file() else None, problems)
+
+
+def load_for_hook(env: Optional[dict] = None) -> Loaded:
+    """The settings as the hooks read them: never fails, and reads from the environment only
+    SATTRIB_CONFIG and HOOK_ENV_KEYS."""
+    return load(env=os.environ if env is None else env, lenient=True, env_keys=HOOK_ENV_KEYS)
 
 
 def utc_offset(tz: str, at: Optional[float]) -> int:

@@ -17,14 +17,17 @@ log = logging.getLogger("sattrib.epilog")
 
 def snapshot(env, deadline: float) -> str:
     from ..collectors import node_snapshot, slurm_env, spool
-    from ..config import load
+    from ..config import load_for_hook
 
     job = slurm_env.from_env(env)
     if job is None:
         return "no SLURM_JOB_ID: not running as an Epilog"
     if job.known and not job.nonzero:
         return f"job {job.job_id}: exited 0, nothing to do"
-    st = load().settings
+    loaded = load_for_hook(env)
+    st = loaded.settings
+    for p in loaded.problems:
+        log.warning("config: %s", p)
     if st.probe_path:
         os.environ["PATH"] = st.probe_path + ":" + os.environ.get("PATH", os.defpath)
     node = job.node or os.uname().nodename.split(".")[0]
@@ -34,6 +37,7 @@ def snapshot(env, deadline: float) -> str:
         journal_margin=st.journal_margin_s, journal_lookback=st.journal_lookback_s,
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
+    snap["notes"] = [f"config: {p}" for p in loaded.problems]
     cluster = job.cluster or st.cluster
     try:
         path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
@@ -52,13 +56,14 @@ def main(env=None) -> int:
     t0 = time.monotonic()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s sattrib-epilog[%(process)d] %(message)s")
+    env = os.environ if env is None else env
     try:
-        from ..config import load
-        budget = load().settings.epilog_budget_s
+        from ..config import load_for_hook
+        budget = load_for_hook(env).settings.epilog_budget_s
     except Exception:                # a broken config must not cost the node
         budget = 20.0
     try:
-        msg = snapshot(os.environ if env is None else env, t0 + budget)
+        msg = snapshot(env, t0 + budget)
         log.info("%s (%.2fs)", msg, time.monotonic() - t0)
     except Exception:                # the one place a catch-all is right: never fail the node
         log.exception("epilog snapshot failed (%.2fs)", time.monotonic() - t0)

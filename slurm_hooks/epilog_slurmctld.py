@@ -3,31 +3,46 @@
 slurmctld runs this as SlurmUser, concurrently with the node Epilogs, and waits for it. So it
 only forks a worker into its own session (stdio on the worker log, no inherited descriptors)
 and exits 0. The worker (sattrib.collect) waits with a deadline for the node snapshots, reads
-scheduler state and the job's output, and stores the diagnosis.
+scheduler state and the job's output, and stores the diagnosis, all within worker_deadline_s
+(the job's files are read in a child it abandons at the deadline).
+
+The hooks read their settings leniently (config.load_for_hook): a typo in sattrib.toml costs
+that one setting its value, never the diagnosis, and the diagnosis says so.
 """
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 
 from .launch import open_log
 
 log = logging.getLogger("sattrib.epilog_slurmctld")
+ALARM_GRACE_S = 120
 
 
 def _worker(env: dict) -> None:
     from ..collect import collect_job
     from ..collectors import slurm_env
-    from ..config import load
+    from ..config import load_for_hook
 
-    st = load(env=env).settings
+    loaded = load_for_hook(env)
+    for p in loaded.problems:
+        log.warning("config: %s", p)
     job = slurm_env.from_env(env)
     if job is None:
         log.info("no SLURM_JOB_ID: not running as EpilogSlurmctld")
         return
-    out = collect_job(job.job_id, st, env_job=job)
+    # Every collection step ends by worker_deadline_s; the analysis and the store follow. If
+    # anything still holds the worker past that deadline plus a grace, SIGALRM ends it.
+    signal.alarm(int(loaded.settings.worker_deadline_s + ALARM_GRACE_S))
+    try:
+        out = collect_job(job.job_id, loaded.settings, env_job=job,
+                          notes=[f"config: {p}" for p in loaded.problems])
+    finally:
+        signal.alarm(0)
     log.info("%s", out.message)
 
 
@@ -57,8 +72,8 @@ def main() -> int:
     t0 = time.monotonic()
     env = dict(os.environ)
     try:
-        from ..config import load
-        log_dir = load(env=env).settings.log_dir
+        from ..config import load_for_hook
+        log_dir = load_for_hook(env).settings.log_dir
     except Exception:
         log_dir = "/var/log/sattrib"
     log_path = os.path.join(log_dir, "worker.log")

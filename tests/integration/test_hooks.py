@@ -4,10 +4,11 @@ sattrib is installed once per module with ``sh install.sh --prefix <tmp> --edita
 --slurm-user root`` (the real wrappers, venv and config), slurm.conf's ``Epilog=`` /
 ``EpilogSlurmctld=`` point at the installed wrappers (through the harness wrappers, which only
 source the per-node env file first), and real jobs fail in various ways.  Each node gets its own
-kernel journal (``SATTRIB_JOURNAL_DIR``) and its own stand-in ``nvidia-smi`` that prints a
-recorded ``nvidia-smi -q -x`` (``SATTRIB_PROBE_PATH``: the installed wrapper sets its own fixed
-PATH, so the harness's ``node_path_prefix`` does not reach the probes; the ``probe_path``
-setting does).
+kernel journal (``SATTRIB_JOURNAL_DIR``, one of the two variables the hooks read from their
+environment) and its own stand-in ``nvidia-smi`` that prints a recorded ``nvidia-smi -q -x``
+(the ``probe_path`` setting in the installed config names one folder whose ``nvidia-smi`` runs
+the node's own by ``$SLURMD_NODENAME``: the hooks take no ``SATTRIB_PROBE_PATH`` from the
+environment, and the installed wrapper sets its own fixed PATH).
 
 Measured on the 2-core dev VM (Slurm 22.05.8), five runs: install.sh --editable 33-55 s; whole
 file 127-143 s (200 s while another engineer's cluster tests ran alongside).  Job end -> diagnosis stored 2.7-3.4 s (4 nodes, all snapshots in); with three
@@ -125,7 +126,9 @@ class Install:
         self.epilog_ctld = prefix / "libexec" / "sattrib-epilog-slurmctld"
         self.sattrib = prefix / "bin" / "sattrib"
         self.base_config = ""
+        self.base_settings: dict = {}     # test settings every configure() keeps
         self.settings: dict = {}
+        self.raw_extra = ""               # appended verbatim (a deliberate typo)
 
     # the installed config plus a block of test settings (munge socket of the current cluster)
     def configure(self, **extra) -> None:
@@ -133,6 +136,7 @@ class Install:
             "collect_wait_s": COLLECT_WAIT_S,
             "probe_timeout_s": PROBE_TIMEOUT_S,
             "epilog_budget_s": EPILOG_BUDGET_S,
+            **self.base_settings,
             **extra,
         }
         keep = [
@@ -142,7 +146,7 @@ class Install:
         block = ["", "# ---- appended by tests/integration/test_hooks.py ----"]
         for k, v in ours.items():
             block.append(f"{k} = {json.dumps(v)}")
-        text = "\n".join(keep + block) + "\n"
+        text = "\n".join(keep + block) + "\n" + self.raw_extra
         tmp = self.config.with_name(".sattrib.toml.tmp")
         tmp.write_text(text)
         tmp.chmod(0o644)
@@ -248,6 +252,12 @@ class Nodes:
         self.root = root
         self.boot_id = new_boot_id()
         self.env: dict[str, dict[str, str]] = {}
+        self.probe_dir = root / "bin"
+        self.probe_dir.mkdir()
+        smi = self.probe_dir / "nvidia-smi"
+        smi.write_text(f'#!/bin/sh\nexec {shlex.quote(str(self.probe_dir))}/"$SLURMD_NODENAME"'
+                       '/nvidia-smi "$@"\n')
+        smi.chmod(0o755)
         for n in NODES:
             jd = root / "journal" / n
             jd.mkdir(parents=True)
@@ -256,7 +266,7 @@ class Nodes:
             smi = bd / "nvidia-smi"
             smi.write_text(NVSMI.format(node=n, xml=shlex.quote(str(SAMPLE_XML))))
             smi.chmod(0o755)
-            self.env[n] = {"SATTRIB_JOURNAL_DIR": str(jd), "SATTRIB_PROBE_PATH": str(bd)}
+            self.env[n] = {"SATTRIB_JOURNAL_DIR": str(jd)}
         self.write_journals()
 
     def journal_dir(self, node: str) -> Path:
@@ -307,7 +317,9 @@ def cluster(slurm_cluster_factory_module, install, nodes) -> SlurmCluster:
         cred_expire=5,
         slurmd_timeout=10,
     )
-    install.configure(munge_socket=str(c.munge_socket))
+    install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "probe_path": str(nodes.probe_dir)}
+    install.configure()
     print(f"cluster started in {c.start_seconds:.2f}s ({c.dir})")
     return c
 
@@ -933,3 +945,84 @@ def test_scancel_is_cancelled_with_no_node_blamed(cluster, install, nodes, work)
     assert root["category"] == "scheduler_cancelled", root
     assert root["node"] is None, root
     assert_nodes_not_drained(cluster, NODES)
+
+
+# ---------------------------------------------------------------------------
+# 7. never lose a diagnosis: no slurmctld for scontrol, a typo in sattrib.toml
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+@timeout(120)
+def test_worker_without_slurmctld_files_the_diagnosis_under_the_job(cluster, install, work):
+    """slurm.conf outside the default place and SLURM_CONF wrong in EpilogSlurmctld's
+    environment: scontrol fails, and the facts slurmctld passed (22.05's job_common_env_vars)
+    still file the diagnosis under the job, with its output read from the expanded out.%j."""
+    jid = "990101"
+    (work / f"out.{jid}").write_text(
+        "Traceback (most recent call last):\n  File \"train.py\", line 7, in <module>\n"
+        "ValueError: learning rate must be positive\n")
+    env = {
+        "SLURM_CONF": "/nonexistent/slurm.conf", HARNESS_MARKER_VAR: str(cluster.dir),
+        "SLURM_SCRIPT_CONTEXT": "epilog_slurmctld", "SLURM_CLUSTER_NAME": cluster.cluster_name,
+        "SLURM_JOBID": jid, "SLURM_JOB_ID": jid, "SLURM_JOB_NAME": "lr-sweep",
+        "SLURM_JOB_ACCOUNT": "root", "SLURM_JOB_PARTITION": cluster.partition,
+        "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0",
+        "SLURM_JOB_GROUP": "root", "SLURM_JOB_RESTART_COUNT": "0",
+        "SLURM_JOB_EXIT_CODE": "256", "SLURM_JOB_EXIT_CODE2": "1:0", "SLURM_JOB_DERIVED_EC": "1",
+        "SLURM_JOB_STDOUT": str(work / "out.%j"), "SLURM_JOB_STDERR": str(work / "out.%j"),
+        "SLURM_JOB_WORK_DIR": str(work),
+    }
+    try:                   # scontrol retries a missing slurm.conf for 60 s, then fails
+        probe = subprocess.run(["scontrol", "show", "job", jid], env=env, capture_output=True,
+                               text=True, timeout=5)
+        assert probe.returncode != 0, "scontrol must fail with this SLURM_CONF"
+        said = probe.stderr
+    except subprocess.TimeoutExpired as e:
+        said = (e.stderr or b"").decode()
+    t0 = time.monotonic()
+    r = subprocess.run([str(install.epilog_ctld)], env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=30, cwd="/")
+    assert r.returncode == 0, r
+    diag, _ = wait_diagnosis(cluster, install, jid)
+    record("no_slurmctld_worker_to_diagnosis_s", round(time.monotonic() - t0, 1))
+    print(f"\nscontrol: {said.strip()[:120]}\nstored after {time.monotonic() - t0:.1f}s"
+          "\nmissing: "
+          f"{diag['completeness']['missing']}\nnotes: {diag['completeness']['notes'][:3]}")
+    assert diag["job_id"] == jid
+    assert diag["job"]["name"] == "lr-sweep" and diag["job"]["user"] == "root"
+    assert "scheduler:job" in diag["completeness"]["missing"]
+    assert any(f"scontrol show job {jid} failed" in n for n in diag["completeness"]["notes"])
+    assert diag["root_cause"]["category"] == "application_error", diag["root_cause"]
+    bundle = Path(db_rows(install, jid)[0]["bundle"])
+    assert "ValueError" in (bundle / "logs" / f"000-out.{jid}").read_text()
+    shown = sattrib(cluster, install, jid)                 # what the user types finds it
+    assert "application_error" in shown.stdout, shown.stdout
+    assert not db_rows(install, "unknown")
+
+
+@pytest.mark.slurm
+@timeout(150)
+def test_config_typo_costs_no_snapshot_and_no_diagnosis(cluster, install, nodes, work):
+    """`databse = ...` in the installed sattrib.toml: the real node Epilogs and the real
+    EpilogSlurmctld go on with the defaults for that key, and the diagnosis says so."""
+    nodes.write_journals()
+    install.raw_extra = 'databse = "/tmp/sattrib-typo.db"\n'
+    install.configure()
+    try:
+        jid = cluster.sbatch(f"srun sh -c 'echo \"RuntimeError: boom\" >&2; exit 3'\n"
+                             f"date +%s.%N > {shlex.quote(str(work))}/end.$SLURM_JOB_ID\n"
+                             "exit 3\n", nodes=2, ntasks_per_node=1)
+        cluster.wait_job(jid, {"FAILED"}, timeout=60)
+        diag, _ = wait_diagnosis(cluster, install, jid)
+    finally:
+        install.raw_extra = ""
+        install.configure()
+    notes = diag["completeness"]["notes"]
+    print("\n" + "\n".join(n for n in notes if "databse" in n))
+    assert any(n.startswith("config: ") and "unknown key 'databse'" in n for n in notes), notes
+    for n in ("node01", "node02"):                        # the node Epilogs took snapshots
+        assert f"kernel:{n}" in diag["completeness"]["present"], diag["completeness"]
+        assert any(x.startswith(f"{n}: config: ") and "databse" in x for x in notes), notes
+    assert "unknown key 'databse'" in install.log("worker.log")
