@@ -122,16 +122,15 @@ def test_writer_makes_missing_levels_group_writable_and_replaces_a_planted_final
     assert [f.name for f in d.iterdir()] == ["n1.snap.gz"]       # no temporary file left
 
 
-def test_epilog_logs_one_line_and_goes_on(sp, root_only, tmp_path, monkeypatch, caplog):
+def test_epilog_logs_one_line_and_goes_on(sp, root_only, tmp_path, caplog):
     from sattrib.slurm_hooks import epilog
     caplog.set_level(logging.INFO)
     os.symlink(root_only, sp / "c")
     cfg = tmp_path / "s.toml"
     cfg.write_text(f'spool_dir = "{sp}"\nspool_auth = "owner"\ncluster = "c"\n'
                    'epilog_budget_s = 5.0\nprobe_timeout_s = 1.0\n')
-    monkeypatch.setenv("SATTRIB_CONFIG", str(cfg))
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_EXIT_CODE": "256", "SLURMD_NODENAME": "n1",
-           "SLURM_JOB_RESTART_COUNT": "0"}
+           "SLURM_JOB_RESTART_COUNT": "0", "SATTRIB_CONFIG": str(cfg)}
     assert epilog.main(env) == 0
     assert list(root_only.iterdir()) == []
     line = [r for r in caplog.records if "snapshot not written" in r.getMessage()]
