@@ -18,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -251,7 +252,6 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
                       signal=env_job.signal, derived=env_job.derived)
-    (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
     for node, snap in sorted(snaps.items()):
         notes.extend(f"{node}: {n}" for n in (snap.data.get("notes") or [])[:20]
                      if isinstance(n, str))
@@ -268,9 +268,14 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
     logs = tmp / "logs"
     logs.mkdir()
-    pairs = [(src, logs / f"{i:03d}-{os.path.basename(src)[:100]}") for i, src in
+    # The copies get names of sattrib's own: what the user called a file (`%x-%j.log`,
+    # `kern.log`) never decides how it is read. The manifest keeps where each came from.
+    pairs = [(src, logs / _copy_name(i, src)) for i, src in
              enumerate(slurm_job.output_paths(info, st.extra_output_globs, notes))]
     slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline)
+    record["outputs"] = [{"copy": f"logs/{d.name}", "source": src} for src, d in pairs
+                         if d.is_file()]
+    (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
     if notes:
         (tmp / "slurm" / "collect-notes.txt").write_text(
             "\n".join(dict.fromkeys(notes)) + "\n")
@@ -282,6 +287,13 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     else:
         os.replace(tmp, dest)
     return dest
+
+
+def _copy_name(i: int, src: str) -> str:
+    """`output-003.txt`; a rank number in the original name (`rank-%t.err`) is kept as the
+    reader's rank hint: `output-003.rank-5.txt`."""
+    m = re.search(r"rank[-_.]?(\d{1,6})", os.path.basename(src), re.I)
+    return f"output-{i:03d}" + (f".rank-{int(m.group(1))}" if m else "") + ".txt"
 
 
 PRUNE_EVERY_S = 3600

@@ -82,7 +82,7 @@ def test_diagnosis_without_scontrol_is_filed_under_the_job_from_the_environment(
     assert got.job_id == "8801"
     assert (got.job.name, got.job.user, got.job.partition) == ("pretrain", "alice", "gpu")
     # out.%j expanded with the job id from the environment: the job's output was read
-    assert (out.bundle / "logs" / "000-out.8801").read_text() == RANK_ERR
+    assert (out.bundle / "logs" / "output-000.txt").read_text() == RANK_ERR
     assert got.root_cause is not None and got.root_cause.category.value == "application_error"
     assert "scheduler:job" in got.completeness.missing
     assert any("scontrol show job 8801 failed" in n and "Unable to contact" in n

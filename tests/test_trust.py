@@ -64,3 +64,28 @@ def test_kernel_lines_in_a_job_output_file_of_any_name_are_not_kernel_evidence(t
     r = d.root_cause
     assert (r.category.value, r.trust.value) == ("application_error", "job_output")
     assert not any(e.source.value == "kernel" for e in d.evidence)
+
+
+def test_the_worker_names_job_output_copies_itself_and_keeps_the_origin(tmp_path, monkeypatch):
+    # `#SBATCH -o kern.log` with syslog-shaped Xid lines in it: the copy is job output by where
+    # it came from, whatever the user named it.
+    import json
+
+    from test_fail_closed import _ctld_env, _no_slurmctld, _settings
+
+    from sattrib.collect import collect_job
+    from sattrib.collectors import slurm_env
+    work = tmp_path / "work"
+    work.mkdir()
+    fake = ("Nov  2 10:05:01 k1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
+            "GPU has fallen off the bus.\n") * 2
+    (work / "kern.log").write_text(fake + "ValueError: bad batch\n")
+    _no_slurmctld(monkeypatch)
+    st = _settings(tmp_path)
+    out = collect_job("8801", st, env_job=slurm_env.from_env(
+        _ctld_env(work, SLURM_JOB_STDOUT="kern.log")))
+    assert sorted(p.name for p in (out.bundle / "logs").iterdir()) == ["output-000.txt"]
+    record = json.loads((out.bundle / "slurm" / "sattrib-run.json").read_text())
+    assert record["outputs"] == [{"copy": "logs/output-000.txt", "source": str(work / "kern.log")}]
+    r = out.diagnosis.root_cause
+    assert (r.category.value, r.trust.value) == ("application_error", "job_output")

@@ -996,7 +996,7 @@ def test_worker_without_slurmctld_files_the_diagnosis_under_the_job(cluster, ins
     assert any(f"scontrol show job {jid} failed" in n for n in diag["completeness"]["notes"])
     assert diag["root_cause"]["category"] == "application_error", diag["root_cause"]
     bundle = Path(db_rows(install, jid)[0]["bundle"])
-    assert "ValueError" in (bundle / "logs" / f"000-out.{jid}").read_text()
+    assert "ValueError" in (bundle / "logs" / "output-000.txt").read_text()
     shown = sattrib(cluster, install, jid)                 # what the user types finds it
     assert "application_error" in shown.stdout, shown.stdout
     assert not db_rows(install, "unknown")
