@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-import yaml
-from pydantic import ValidationError
-
 from . import decode
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
@@ -21,7 +18,6 @@ from .matcher import PatternError, Prefilter, compile_rule_pattern
 from .models import Rule
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when PyYAML has it
 
 
 class RuleError(ValueError):
@@ -73,9 +69,12 @@ class RuleSet:
 
 
 def _load_one(path: Path, root: Path) -> CompiledRule:
+    import yaml  # noqa: PLC0415  (only when the rule cache misses: yaml and pydantic's
+    from pydantic import ValidationError  # noqa: PLC0415  validation cost a start time)
     rel = path.relative_to(root).as_posix()
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when PyYAML has it
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise RuleError(f"{rel}: cannot read YAML: {e}") from None
     if not isinstance(data, dict):
@@ -104,7 +103,10 @@ def rule_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.yaml") if p.is_file())
 
 
-def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True) -> RuleSet:
+def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True, cache: bool = True) -> RuleSet:
+    if cache:                        # the compiled set from disk when its inputs are unchanged
+        from .rule_cache import cached
+        return cached(lambda d, b: load_rules(d, b, cache=False), extra_dirs, builtin)
     compiled: dict[str, CompiledRule] = {}
     digest = hashlib.sha256()
     roots = ([BUILTIN_DIR] if builtin else []) + [Path(d) for d in extra_dirs]
