@@ -513,6 +513,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print results as JSON")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON results to FILE")
     args = ap.parse_args(argv)
+    # Measure sattrib as installed: with its byte-code cached (pip compiles it at install), even
+    # where the shell sets PYTHONDONTWRITEBYTECODE. This script itself writes none.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
     cmd = find_sattrib(args.sattrib)
     py = venv_python(cmd)
