@@ -103,7 +103,8 @@ def rule_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.yaml") if p.is_file())
 
 
-def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True, cache: bool = True) -> RuleSet:
+def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
+               cache: bool = True) -> RuleSet:
     if cache:                        # the compiled set from disk when its inputs are unchanged
         from .rule_cache import cached
         return cached(lambda d, b: load_rules(d, b, cache=False), extra_dirs, builtin)
