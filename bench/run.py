@@ -14,9 +14,14 @@ Measured, on a warm page cache (every file is read once first):
     (RuleSet.literal_keys, each escaped for ERE; caseless literals in a second `grep -i` pass,
     whose time is added). Same files: `_*`, `.*` and expected.json are excluded as sattrib
     skips them.
+  - ripgrep: `rg -F -a -c -j<cores>` with the same literals (caseless ones in a second `-i`
+    pass, time added), the same exclusions, no ignore files. Install it with bench/setup.sh;
+    without rg the row is left out with a one-line note.
   - extras (skip with --quick): grep -F with the same literals, and the Hyperscan prefilter alone
     (sattrib's own literal database scanning the files in 8 MiB chunks from Python), the floor
     below which sattrib cannot go without changing its prefilter.
+  - --start: best-of-5 wall time of `sattrib analyze DIR --json` on a folder holding only
+    slurm/job.txt, with the rule cache removed before each run (cold) and with it in place (warm).
 MB = 10^6 bytes.
 """
 from __future__ import annotations
@@ -179,6 +184,109 @@ def _grep_once(mode: str, lits: list[tuple[str, bool]], d: Path, tmp: Path) -> d
     return res
 
 
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def measure_rg(lits: list[tuple[str, bool]], d: Path, tmp: Path, repeat: int = 1) -> dict:
+    best = None
+    for _ in range(repeat):
+        r = _rg_once(lits, d, tmp)
+        if best is None or r["wall_s"] < best["wall_s"]:
+            best = r
+    best["runs"] = repeat
+    return best
+
+
+def _rg_once(lits: list[tuple[str, bool]], d: Path, tmp: Path) -> dict:
+    """rg -F over the folder with grep's exclusions; caseless literals in a second -i pass.
+    --no-ignore and --no-config: no .gitignore or user config changes what is searched;
+    hidden files are skipped by rg's default, as `--exclude=.*` does for grep."""
+    res = {"wall_s": 0.0, "user_s": 0.0, "sys_s": 0.0, "rss_mb": 0.0, "lines": 0, "passes": 0,
+           "threads": cores()}
+    for ci in (False, True):
+        pats = [s for s, c in lits if c == ci]
+        if not pats:
+            continue
+        pf = tmp / f"pats-rg-{int(ci)}.txt"
+        pf.write_text("\n".join(pats) + "\n")
+        cmd = ["rg", "--no-config", "--no-ignore", "-F", "-a", "-c", f"-j{cores()}",
+               "-g", "!_*", "-g", "!expected.json", "-f", str(pf), str(d)]
+        if ci:
+            cmd.insert(1, "-i")
+        with tempfile.TemporaryFile() as out:
+            r = run_child(cmd, stdout=out)
+            if r["rc"] not in (0, 1):
+                raise SystemExit(f"rg failed: {r['stderr'][-2000:]}")
+            out.seek(0)
+            n = sum(int(ln.rsplit(b":", 1)[1]) for ln in out.read().splitlines() if ln)
+        for k in ("wall_s", "user_s", "sys_s"):
+            res[k] += r[k]
+        res["rss_mb"] = max(res["rss_mb"], r["rss_mb"])
+        res["lines"] += n
+        res["passes"] += 1
+    return res
+
+
+RG_MISSING = ("bench: ripgrep (rg) is not installed, so the rg row is left out "
+              "(hint: run `sudo bench/setup.sh`, or `apt-get install ripgrep`)")
+
+
+def startup_folder(tmp: Path, job_txt: Path | None) -> Path:
+    """A folder holding only slurm/job.txt: what a start costs before any evidence."""
+    mini = tmp / "startup-only"
+    shutil.rmtree(mini, ignore_errors=True)
+    (mini / "slurm").mkdir(parents=True)
+    if job_txt is not None and job_txt.is_file():
+        shutil.copy(job_txt, mini / "slurm" / "job.txt")
+    else:                           # the job record of a one-node generated job
+        make_job.generate(str(tmp / "tiny"), 1, 1, 0.01, 1)
+        shutil.copy(tmp / "tiny" / "slurm" / "job.txt", mini / "slurm" / "job.txt")
+        shutil.rmtree(tmp / "tiny")
+    return mini
+
+
+def rule_cache_dir(py: str) -> Path:
+    """Where that sattrib caches its compiled rules (a version without the cache: nowhere)."""
+    return Path(subprocess.run(
+        [py, "-c", "from sattrib.engine.rule_cache import cache_dir; print(cache_dir() or '')"],
+        capture_output=True, text=True).stdout.strip() or "/nonexistent")
+
+
+def measure_start(cmd: list[str], py: str, tmp: Path, runs: int = 5) -> dict:
+    """Best-of-N wall time of the start, without (cold) and with (warm) the rule cache."""
+    mini = startup_folder(tmp, None)
+    cache = rule_cache_dir(py)
+    out: dict = {"cache_dir": str(cache), "runs": runs}
+    for label in ("cold", "warm"):
+        best = None
+        for _ in range(runs):
+            if label == "cold":
+                for f in cache.glob("*.pickle"):
+                    f.unlink()
+            r = run_child(cmd + ["analyze", str(mini), "--json"])
+            if r["rc"] != 0:
+                raise SystemExit(f"sattrib failed (rc {r['rc']}):\n{r['stderr'][-3000:]}")
+            r.pop("stderr")
+            if best is None or r["wall_s"] < best["wall_s"]:
+                best = r
+        out[label] = best
+    return out
+
+
+def print_start(st: dict) -> None:
+    print(f"start: sattrib analyze DIR --json, DIR = only slurm/job.txt, best of {st['runs']}"
+          f" (rule cache {st['cache_dir']})")
+    print(f"  {'':<8}{'wall s':>8}{'user s':>8}{'sys s':>7}{'RSS MB':>8}")
+    for label in ("cold", "warm"):
+        r = st[label]
+        print(f"  {label:<8}{r['wall_s']:>8.3f}{r['user_s']:>8.3f}{r['sys_s']:>7.3f}"
+              f"{r['rss_mb']:>8.1f}")
+
+
 PREFILTER_ONLY = r"""
 import json, os, sys, time
 from sattrib.engine.rules import load_rules
@@ -275,11 +383,7 @@ def bench_dir(d: Path, args, cmd: list[str], py: str, lits, tmp: Path, gen: dict
     res["check"] = check_diagnosis(diag, planted)
     # Fixed cost: the same command on a folder holding only the job record (imports, rule
     # loading, prefilter compile), to separate startup from per-byte cost.
-    mini = tmp / "startup-only"
-    shutil.rmtree(mini, ignore_errors=True)
-    (mini / "slurm").mkdir(parents=True)
-    if (d / "slurm" / "job.txt").is_file():
-        shutil.copy(d / "slurm" / "job.txt", mini / "slurm" / "job.txt")
+    mini = startup_folder(tmp, d / "slurm" / "job.txt")
     st = measure_sattrib(cmd, mini, max(args.repeat, 2))
     st.pop("diagnosis")
     res["sattrib_startup"] = st
@@ -287,16 +391,21 @@ def bench_dir(d: Path, args, cmd: list[str], py: str, lits, tmp: Path, gen: dict
     res["sattrib"]["mb_per_s_excl_startup"] = total / MB / var if var > 0 else None
     log(args, "  grep -E ...")
     res["grep_E"] = measure_grep("E", lits, d, tmp, args.repeat)
+    if shutil.which("rg"):
+        log(args, f"  rg -F -j{cores()} ...")
+        res["rg"] = measure_rg(lits, d, tmp, args.repeat)
     if not args.quick:
         log(args, "  grep -F ...")
         res["grep_F"] = measure_grep("F", lits, d, tmp, args.repeat)
         log(args, "  hyperscan prefilter alone ...")
         res["prefilter"] = measure_prefilter(py, files)
-    for k in ("sattrib", "grep_E", "grep_F", "prefilter"):
+    for k in ("sattrib", "grep_E", "rg", "grep_F", "prefilter"):
         if k in res:
             w = res[k]["wall_s"]
             res[k]["mb_per_s"] = total / MB / w if w > 0 else None
     res["ratio_sattrib_over_grepE"] = res["sattrib"]["mb_per_s"] / res["grep_E"]["mb_per_s"]
+    if "rg" in res:
+        res["ratio_sattrib_over_rg"] = res["sattrib"]["mb_per_s"] / res["rg"]["mb_per_s"]
     if args.profile:
         log(args, "  profiling sattrib (cProfile) ...")
         res["profile"] = profile_sattrib(py, d, args.profile)
@@ -331,6 +440,11 @@ def print_job(res: dict, nlits: int) -> None:
     print(fmt_row(f"grep -E ({nlits} literals)", ge,
                   f"{ge['lines']} matching lines" + (", 2 passes (-i)" if ge["passes"] > 1
                                                      else "")))
+    if "rg" in res:
+        rg = res["rg"]
+        print(fmt_row(f"rg -F -j{rg['threads']} (same literals)", rg,
+                      f"{rg['lines']} matching lines" + (", 2 passes (-i)" if rg["passes"] > 1
+                                                         else "")))
     if "grep_F" in res:
         print(fmt_row("grep -F (same literals)", res["grep_F"]))
     if "prefilter" in res:
@@ -341,6 +455,9 @@ def print_job(res: dict, nlits: int) -> None:
               f"literal hits ({pf['engine']})")
     print(f"  throughput ratio sattrib/grep-E: {res['ratio_sattrib_over_grepE']:.2f}x "
           f"(sattrib takes {1 / res['ratio_sattrib_over_grepE']:.1f}x grep's time)")
+    if "ratio_sattrib_over_rg" in res:
+        print(f"  throughput ratio sattrib/rg:     {res['ratio_sattrib_over_rg']:.2f}x "
+              f"(sattrib takes {1 / res['ratio_sattrib_over_rg']:.1f}x rg's time)")
     c = res["check"]
     got = c["got"]
     mark = {True: "OK", False: "WRONG", None: "?"}[c["ok"]]
@@ -355,7 +472,8 @@ def print_job(res: dict, nlits: int) -> None:
 def print_sizes(rows: list[dict]) -> None:
     print("\ncost grows with the job (warm cache; MB = 10^6 bytes)")
     print(f"  {'nodes':>6}{'ranks':>7}{'MB':>9}{'gen s':>7}{'sattrib s':>10}{'MB/s':>7}"
-          f"{'RSS MB':>8}{'grep-E s':>9}{'MB/s':>7}{'ratio':>7}  diagnosis")
+          f"{'RSS MB':>8}{'grep-E s':>9}{'MB/s':>7}{'ratio':>7}{'rg s':>7}{'MB/s':>7}"
+          f"{'ratio':>7}  diagnosis")
     for r in rows:
         if "skipped" in r:
             print(f"  {r['nodes']:>6}  skipped: {r['skipped']}")
@@ -364,7 +482,10 @@ def print_sizes(rows: list[dict]) -> None:
         print(f"  {r['nodes']:>6}{r['ranks']:>7}{r['bytes'] / MB:>9,.0f}"
               f"{r['generated']['generate_seconds']:>7.1f}{s['wall_s']:>10.2f}"
               f"{s['mb_per_s']:>7.1f}{s['rss_mb']:>8.1f}{g['wall_s']:>9.2f}{g['mb_per_s']:>7.1f}"
-              f"{r['ratio_sattrib_over_grepE']:>7.2f}  "
+              f"{r['ratio_sattrib_over_grepE']:>7.2f}"
+              + (f"{r['rg']['wall_s']:>7.2f}{r['rg']['mb_per_s']:>7.1f}"
+                 f"{r['ratio_sattrib_over_rg']:>7.2f}  " if "rg" in r else
+                 f"{'-':>7}{'-':>7}{'-':>7}  ") +
               f"{'OK' if r['check']['ok'] else 'WRONG: ' + r['check']['why']}")
 
 
@@ -386,13 +507,27 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="skip grep -F and prefilter-only runs")
     ap.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="N",
                     help="also run sattrib once under cProfile and print the top N functions")
+    ap.add_argument("--start", action="store_true",
+                    help="only measure the start (cold and warm rule cache), best of 5")
     ap.add_argument("--sattrib", help="sattrib command (default: next to this python, or PATH)")
     ap.add_argument("--json", action="store_true", help="print results as JSON")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON results to FILE")
     args = ap.parse_args(argv)
+    # Measure sattrib as installed: with its byte-code cached (pip compiles it at install), even
+    # where the shell sets PYTHONDONTWRITEBYTECODE. This script itself writes none.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
     cmd = find_sattrib(args.sattrib)
     py = venv_python(cmd)
+    if args.start:
+        with tempfile.TemporaryDirectory(prefix="sattrib-bench-") as tmpname:
+            st = measure_start(cmd, py, Path(tmpname))
+        print(json.dumps(st, indent=2) if args.json else "", end="\n" if args.json else "")
+        if not args.json:
+            print_start(st)
+        return 0
+    if not shutil.which("rg"):
+        log(args, RG_MISSING)
     lits = literal_keys(py)
     results = []
     with tempfile.TemporaryDirectory(prefix="sattrib-bench-") as tmpname:

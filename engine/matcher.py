@@ -172,15 +172,33 @@ class Match:
         return None if v is None else v.decode("utf-8", "replace")
 
 
-class BytesPattern:
-    """An RE2 pattern searched on the UTF-8 encoding of a str."""
-    __slots__ = ("rx",)
+def _re2_bytes(pattern: bytes, case_sensitive: bool):
+    opts = re2.Options()
+    opts.case_sensitive = case_sensitive
+    opts.log_errors = False
+    return re2.compile(pattern, options=opts)
 
-    def __init__(self, rx):
+
+class BytesPattern:
+    """An RE2 pattern searched on the UTF-8 encoding of a str.
+
+    It pickles as its source; an unpickled one compiles on its first search (most catalog rows
+    are never searched in a given job, and compiling all of them costs more than the rest of a
+    cached rule load)."""
+    __slots__ = ("rx", "src")
+
+    def __init__(self, rx, src=None):
         self.rx = rx
+        self.src = src or (rx.pattern, rx.options.case_sensitive)
+
+    def __reduce__(self):
+        return (BytesPattern, (None, self.src))
 
     def search(self, text):
-        m = self.rx.search(text if isinstance(text, bytes) else text.encode("utf-8", "replace"))
+        rx = self.rx
+        if rx is None:
+            rx = self.rx = _re2_bytes(*self.src)
+        m = rx.search(text if isinstance(text, bytes) else text.encode("utf-8", "replace"))
         return Match(m) if m else None
 
 
@@ -212,6 +230,20 @@ class Prefilter:
             self._rx = re.compile(alt, re.IGNORECASE) if literals else None
             self._folded = [(s.lower().encode() if ci else s.encode(), ci)
                             for s, ci in literals]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if self._hs is not None:
+            import hyperscan  # noqa: PLC0415
+            state["_hs"] = hyperscan.dumpb(self._hs)     # a Database does not pickle
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self._hs is not None:
+            import hyperscan  # noqa: PLC0415
+            self._hs = hyperscan.loadb(self._hs, hyperscan.HS_MODE_BLOCK)
+            self._hs.scratch = hyperscan.Scratch(self._hs)
 
     @property
     def engine(self) -> str:

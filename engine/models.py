@@ -19,7 +19,7 @@ from .taxonomy import Action, Category, Outcome, Role, Source, Trust
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class MatchExample(_Strict):

@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-import yaml
-from pydantic import ValidationError
-
 from . import decode
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
@@ -28,7 +25,6 @@ from .matcher import PatternError, Prefilter, compile_rule_pattern
 from .models import Rule
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when PyYAML has it
 
 
 MAX_RULE_BYTES = 1 << 20          # one rule's YAML
@@ -109,13 +105,16 @@ class RuleSet:
 
 
 def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRule:
+    import yaml  # noqa: PLC0415  (only when the rule cache misses: yaml and pydantic's
+    from pydantic import ValidationError  # noqa: PLC0415  validation cost a start time)
     rel = path.relative_to(root).as_posix()
     try:
         raw = read_capped(path, MAX_RULE_BYTES) if raw is None else raw
     except (OSError, ValueError) as e:
         raise RuleError(f"{rel}: cannot read: {e}") from None
     try:
-        data = yaml.load(raw.decode("utf-8"), Loader=_Loader)
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when PyYAML has it
+        data = yaml.load(raw.decode("utf-8"), Loader=loader)
     except (UnicodeDecodeError, yaml.YAMLError) as e:
         raise RuleError(f"{rel}: cannot read YAML: {e}") from None
     if not isinstance(data, dict):
@@ -145,9 +144,15 @@ def rule_files(root: Path) -> list[Path]:
 
 
 def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
-                lenient_site: bool = False) -> RuleSet:
+                lenient_site: bool = False, cache: bool = True) -> RuleSet:
     """Built-in rules, then each site folder's. `lenient_site`: a site file that does not load
-    is skipped and named in the rule set's `problems` instead of stopping the load."""
+    is skipped and named in the rule set's `problems` instead of stopping the load. `cache`:
+    the compiled set from disk when its inputs are unchanged (a set with problems is never
+    cached, so a strict load still raises and a lenient one still reports them)."""
+    if cache:
+        from .rule_cache import cached
+        return cached(lambda d, b: load_rules(d, b, lenient_site=lenient_site, cache=False),
+                      extra_dirs, builtin)
     extra_dirs = [Path(d) for d in extra_dirs]
     compiled: dict[str, CompiledRule] = {}
     problems: list[str] = []
