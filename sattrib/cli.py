@@ -127,9 +127,12 @@ def show(ctx, job_id, as_json, cluster, restart, database):
     """Show the stored diagnosis of a job (what `sattrib JOBID` runs)."""
     import os
     from . import paths
-    from .lookup import connect_readonly, find
+    from .lookup import connect_readonly, find, readable
     db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
-    rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
+    if readable(db_path):
+        rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
+    else:
+        rows = _own_bundles(ctx, db_path, job_id, cluster, restart)
     if not rows:
         raise UserError(f"no diagnosis for job {job_id} in {db_path}",
                         f"run `sattrib collect {job_id}` on the controller, or "
@@ -144,6 +147,36 @@ def show(ctx, job_id, as_json, cluster, restart, database):
         if i:
             click.echo()
         click.echo(render(r["diagnosis"]))
+
+
+def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:
+    """For a user who may not read the database: their own job's bundle, or one clear line."""
+    import os
+    import time
+    from . import paths
+    from .lookup import find_in_bundles
+    config = ctx.obj.get("config")
+    bundles = Path(os.path.expanduser(paths.bundle_dir(config)))
+    clusters = [cluster] if cluster else [paths.setting("cluster", None, config) or "default"]
+    rows = find_in_bundles(bundles, clusters, job_id, restart)
+    if not rows and not cluster:
+        from .collectors.slurm_job import cluster_name
+        name = cluster_name(time.monotonic() + 5)      # the name the hooks file runs under
+        if name and name not in clusters:
+            rows = find_in_bundles(bundles, [name], job_id, restart)
+    if rows:
+        return rows
+    try:
+        import grp
+        group = grp.getgrgid(os.stat(db_path).st_gid).gr_name
+    except (KeyError, OSError):
+        group = "the database's group"
+    raise UserError(f"no diagnosis of job {job_id} that you may read: the database {db_path} "
+                    f"is readable by root and group {group} only, and {bundles} holds no "
+                    f"bundle of yours for this job",
+                    "users see the diagnoses of their own jobs; for another user's job ask an "
+                    f"admin (root or a member of {group}); add --cluster NAME if it ran on "
+                    "another cluster")
 
 
 @main.command(epilog="""\b

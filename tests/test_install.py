@@ -229,11 +229,13 @@ def test_ownership_as_root(main):
         st = p.stat()
         return (pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name,
                 stat.S_IMODE(st.st_mode))
-    assert owner(main.var) == (SLURM_USER, group, 0o755)
-    assert owner(main.var / "bundles") == (SLURM_USER, group, 0o755)
+    assert owner(main.var) == (SLURM_USER, group, 0o751)
+    assert owner(main.var / "bundles") == (SLURM_USER, group, 0o751)
     assert owner(main.spool) == ("root", group, 0o2770)
     assert owner(main.log) == ("root", group, 0o775)
-    assert "readable by every user" in main.output
+    assert f"readable by {SLURM_USER}\nand group {group} only" in main.output
+    # The worker's files are private whatever slurmctld's umask was.
+    assert "\numask 027\n" in main.epilog_ctld.read_text()
 
 
 @slow
