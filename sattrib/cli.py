@@ -210,26 +210,30 @@ Examples:
   sattrib serve                                  http://127.0.0.1:8001/
   sattrib serve --host 0.0.0.0 --port 8080
   SATTRIB_SERVE_BASE_URL=/sattrib/ sattrib serve behind a reverse proxy at /sattrib/
+  sattrib serve --root                           prints a login URL for the admin "root"
 """)
 @click.option("--host", help="Address to bind (serve_host).")
 @click.option("--port", type=int, help="Port (serve_port).")
 @click.option("--base-url", help="Path prefix when behind a reverse proxy (serve_base_url).")
 @click.option("--database", help="Database file.")
+@click.option("--root", "root", is_flag=True,
+              help="Print a one-time URL that logs in as the admin actor \"root\".")
 @click.option("--print-command", is_flag=True, help="Print the Datasette command, do not run it.")
 @click.pass_context
-def serve(ctx, host, port, base_url, database, print_command):
+def serve(ctx, host, port, base_url, database, root, print_command):
     """Start the read-only dashboard (Datasette) on the diagnoses database.
 
     Recent failures, failures by category over time, node and GPU hotspots, unexplained
-    failures and missing telemetry, and one page per diagnosis with its timeline."""
+    failures and missing telemetry, and one page per diagnosis with its timeline. Evidence
+    lines are shown to admins only (serve_evidence_text, serve_admins)."""
     from .serve import prepare, serve as run_serve
     st = _settings(ctx, serve_host=host, serve_port=port, serve_base_url=base_url,
                    database=database).settings
     if print_command:
         import shlex
-        click.echo(shlex.join(prepare(st)[0]))
+        click.echo(shlex.join(prepare(st, root)[0]))
         return
-    run_serve(st)
+    run_serve(st, root)
 
 
 @main.group()
