@@ -53,7 +53,13 @@ MAX_RESTARTS = 256
 
 def readable(path: Path) -> bool:
     """Can this caller open the database? (A missing one is reported by connect_readonly.)"""
-    return not path.exists() or os.access(path, os.R_OK)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False              # a folder on the way is closed to this caller
+    return os.access(path, os.R_OK)
 
 
 def find_in_bundles(bundle_dir: Path, clusters: list[str], job_id: str,
