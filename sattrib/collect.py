@@ -116,7 +116,8 @@ def _grant_read(bundle: Path, uid: Optional[int], timeout: float) -> Optional[st
     note that says why the bundle stays private."""
     if uid is None or uid == 0 or uid == os.geteuid():
         return None
-    r = probe.run("setfacl", ["setfacl", "-P", "-R", "-m", f"u:{uid}:rX,d:u:{uid}:rX", str(bundle)],
+    acl = f"u:{uid}:rX,d:u:{uid}:rX"
+    r = probe.run("setfacl", ["setfacl", "-P", "-R", "-m", acl, str(bundle)],
                   time.monotonic() + timeout, max_bytes=1 << 16)
     if r.ok:
         return None
