@@ -530,8 +530,9 @@ $MARKER; run it again instead of editing this file.
 PATH=$HOOK_PATH
 SATTRIB_CONFIG='$CONFIG'
 export PATH SATTRIB_CONFIG
-# The worker writes the database and bundles: readable by every user (\`sattrib JOBID\`).
-umask 022
+# The worker writes the database and bundles: private to SlurmUser and its group (the job's
+# user is granted read on their own bundle by an ACL, for \`sattrib JOBID\`).
+umask 027
 log='$LOG/epilog-slurmctld.log'
 $(log_append_function)
 cd / || :
@@ -665,8 +666,11 @@ else
 fi
 
 # Data, spool and logs.
-ensure_dir "$VAR" "$SLURM_USER" "$SLURM_GROUP" 0755 "database"
-ensure_dir "$BUNDLES" "$SLURM_USER" "$SLURM_GROUP" 0755 "evidence bundles"
+# 0751: users reach their own bundle by its path (ACL) but list nothing; the database is 0640.
+ensure_dir "$VAR" "$SLURM_USER" "$SLURM_GROUP" 0751 "database"
+ensure_dir "$BUNDLES" "$SLURM_USER" "$SLURM_GROUP" 0751 "evidence bundles"
+command -v setfacl >/dev/null 2>&1 || warn "setfacl is missing: users cannot read their own \
+jobs' bundles, so \`sattrib JOBID\` works only for $SLURM_GROUP (apt install acl)"
 ensure_dir "$SPOOL" root "$SLURM_GROUP" 2770 "hand-off spool: node Epilogs write, the controller worker reads"
 # Root's hooks write into the log directory: it is root's alone, and each log file is made
 # here for the one user that appends to it (no one else can create, replace or link a name).
@@ -702,8 +706,10 @@ fi
 if [ "$AS_ROOT" = 1 ]; then
     cat <<EOF
 
-Database: $VAR is readable by every user (0755; the worker writes with umask 022)
-so that \`sattrib JOBID\` works for them; only $SLURM_USER (the EpilogSlurmctld worker) writes it.
+Database and bundles: $VAR is 0751; the database and bundles are readable by $SLURM_USER
+and group $SLURM_GROUP only (0640/0750, the worker writes with umask 027); only $SLURM_USER
+(the EpilogSlurmctld worker) writes them. Each job's user may read their own job's bundle
+(a POSIX ACL; needs setfacl, package acl), which is what \`sattrib JOBID\` shows them.
 Spool: $SPOOL is root:$SLURM_GROUP 2770; job users cannot enter it.
 Logs: $LOG is root:$ROOT_GROUP 0755: epilog.log is root's, epilog-slurmctld.log and
 worker.log are $SLURM_USER's (0640); the hooks append without following symbolic links.
@@ -712,7 +718,7 @@ else
     cat <<EOF
 
 Not run as root: ownership was left as it is. On a real cluster:
-  $VAR must be writable by SlurmUser and readable by users (\`sattrib JOBID\`);
+  $VAR must be SlurmUser:<its group> 0751 (users read their own bundles through ACLs);
   $SPOOL must be root:<SlurmUser's group> 2770;
   $LOG must be root:root 0755 with epilog.log root's and epilog-slurmctld.log and
   worker.log SlurmUser's (0640): run install.sh as root to set all of this.

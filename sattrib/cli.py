@@ -127,9 +127,12 @@ def show(ctx, job_id, as_json, cluster, restart, database):
     """Show the stored diagnosis of a job (what `sattrib JOBID` runs)."""
     import os
     from . import paths
-    from .lookup import connect_readonly, find
+    from .lookup import connect_readonly, find, readable
     db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
-    rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
+    if readable(db_path):
+        rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
+    else:
+        rows = _own_bundles(ctx, db_path, job_id, cluster, restart)
     if not rows:
         raise UserError(f"no diagnosis for job {job_id} in {db_path}",
                         f"run `sattrib collect {job_id}` on the controller, or "
@@ -144,6 +147,36 @@ def show(ctx, job_id, as_json, cluster, restart, database):
         if i:
             click.echo()
         click.echo(render(r["diagnosis"]))
+
+
+def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:
+    """For a user who may not read the database: their own job's bundle, or one clear line."""
+    import os
+    import time
+    from . import paths
+    from .lookup import find_in_bundles
+    config = ctx.obj.get("config")
+    bundles = Path(os.path.expanduser(paths.bundle_dir(config)))
+    clusters = [cluster] if cluster else [paths.setting("cluster", None, config) or "default"]
+    rows = find_in_bundles(bundles, clusters, job_id, restart)
+    if not rows and not cluster:
+        from .collectors.slurm_job import cluster_name
+        name = cluster_name(time.monotonic() + 5)      # the name the hooks file runs under
+        if name and name not in clusters:
+            rows = find_in_bundles(bundles, [name], job_id, restart)
+    if rows:
+        return rows
+    try:
+        import grp
+        group = grp.getgrgid(os.stat(db_path).st_gid).gr_name
+    except (KeyError, OSError):
+        group = "the database's group"
+    raise UserError(f"no diagnosis of job {job_id} that you may read: the database {db_path} "
+                    f"is readable by root and group {group} only, and {bundles} holds no "
+                    f"bundle of yours for this job",
+                    "users see the diagnoses of their own jobs; for another user's job ask an "
+                    f"admin (root or a member of {group}); add --cluster NAME if it ran on "
+                    "another cluster")
 
 
 @main.command(epilog="""\b
@@ -177,30 +210,34 @@ Examples:
   sattrib serve                                  http://127.0.0.1:8001/
   sattrib serve --host 0.0.0.0 --port 8080
   SATTRIB_SERVE_BASE_URL=/sattrib/ sattrib serve behind a reverse proxy at /sattrib/
+  sattrib serve --root                           prints a login URL for the admin "root"
 """)
 @click.option("--host", help="Address to bind (serve_host).")
 @click.option("--port", type=int, help="Port (serve_port).")
 @click.option("--base-url", help="Path prefix when behind a reverse proxy (serve_base_url).")
 @click.option("--database", help="Database file.")
+@click.option("--root", "root", is_flag=True,
+              help="Print a one-time URL that logs in as the admin actor \"root\".")
 @click.option("--print-command", is_flag=True, help="Print the Datasette command, do not run it.")
 @click.pass_context
-def serve(ctx, host, port, base_url, database, print_command):
+def serve(ctx, host, port, base_url, database, root, print_command):
     """Start the read-only dashboard (Datasette) on the diagnoses database.
 
     Recent failures, failures by category over time, node and GPU hotspots, unexplained
-    failures and missing telemetry, and one page per diagnosis with its timeline."""
+    failures and missing telemetry, and one page per diagnosis with its timeline. Evidence
+    lines are shown to admins only (serve_evidence_text, serve_admins)."""
     from .serve import prepare, serve as run_serve
     st = _settings(ctx, serve_host=host, serve_port=port, serve_base_url=base_url,
                    database=database).settings
     if print_command:
         import shlex
-        click.echo(shlex.join(prepare(st)[0]))
+        click.echo(shlex.join(prepare(st, root)[0]))
         return
     from .mounts import network_fs_warning
     warning = network_fs_warning(st.database)
     if warning:
         click.echo(warning, err=True)
-    run_serve(st)
+    run_serve(st, root)
 
 
 @main.group()

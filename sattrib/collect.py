@@ -11,6 +11,12 @@ Nothing the worker cannot fetch loses the diagnosis: without scontrol, the facts
 EpilogSlurmctld's environment file it under the right job (the scheduler record is then listed
 as missing); every step before the analysis shares one deadline (`worker_deadline_s`), and the
 job's own files are read in a child process that is abandoned at that deadline.
+
+Bundles hold what users and the kernel wrote (job output, kernel journals, the job's command
+line): they are private whatever the umask. Directories 0750 and files 0640, owned by the
+worker and the group of `bundle_dir`; the folders above them 0751, so a user can reach a path
+they know but list nobody's jobs; the job's user gets read on their own bundle through a POSIX
+ACL (`setfacl`), so that `sattrib JOBID` can show it without the database.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .collectors import probes_file
+from .collectors import probe, probes_file
 from .errors import UserError
 
 log = logging.getLogger("sattrib.collect")
@@ -66,8 +72,73 @@ def _failed(env_job, info: dict, restart: int, job_states: list) -> tuple[bool, 
     return False, f"state {state or 'unknown'}, exit 0"
 
 
+BUNDLE_DIR_MODE, BUNDLE_FILE_MODE, PARENT_MODE = 0o750, 0o640, 0o751
+
+
+def _parent_dirs(root: Path, cluster_dir: Path) -> None:
+    """`bundle_dir` and its per-cluster folder: 0751 when they are ours (traverse, not list)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    for d in (root, cluster_dir):
+        try:
+            os.mkdir(d, PARENT_MODE)
+        except FileExistsError:
+            pass
+        st = os.stat(d)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o7777 != PARENT_MODE:
+            os.chmod(d, PARENT_MODE)
+
+
+def _seal(top: Path, gid: int) -> None:
+    """Every directory 0750 and file 0640 under `top`, in group `gid` (when we may set it)."""
+    for d, dirs, files in os.walk(top):
+        for p, mode in [(d, BUNDLE_DIR_MODE)] + [(os.path.join(d, f), BUNDLE_FILE_MODE)
+                                                 for f in files]:
+            if os.path.islink(p):
+                continue
+            os.chmod(p, mode)
+            if gid != os.getegid():
+                try:
+                    os.chown(p, -1, gid)
+                except PermissionError:
+                    pass                      # not root and not in that group: keep ours
+
+
+def _write_private(path: Path, text: str, gid: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                 BUNDLE_FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, BUNDLE_FILE_MODE)
+        if gid != os.getegid():
+            try:
+                os.fchown(fd, -1, gid)
+            except PermissionError:
+                pass
+        f.write(text)
+
+
+def _grant_read(bundle: Path, uid: Optional[int], timeout: float) -> Optional[str]:
+    """Let the job's user read their own bundle (and what is written into it later): a POSIX
+    ACL entry plus a default entry on its directories. None when done or not needed, else the
+    note that says why the bundle stays private."""
+    if uid is None or uid == 0 or uid == os.geteuid():
+        return None
+    acl = f"u:{uid}:rX,d:u:{uid}:rX"
+    r = probe.run("setfacl", ["setfacl", "-P", "-R", "-m", acl, str(bundle)],
+                  time.monotonic() + timeout, max_bytes=1 << 16)
+    if r.ok:
+        return None
+    why = ("setfacl is not installed (Debian package acl)" if r.reason == "not installed" else
+           (r.err.decode("utf-8", "replace").strip().splitlines() or [r.reason])[-1])
+    return (f"the job's user (uid {uid}) cannot read this bundle: {why}; it stays readable "
+            "by SlurmUser and its group only")
+
+
 def _lock(path: Path, timeout: float):
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _parent_dirs(path.parent.parent.parent, path.parent.parent)
+    try:
+        os.mkdir(path.parent, BUNDLE_DIR_MODE)    # lock names are job ids: not for listing
+    except FileExistsError:
+        pass
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
     t_end = time.monotonic() + timeout
     while True:
@@ -224,7 +295,8 @@ def _analyze_and_store(bundle: Path, cluster: str, st, notes: Optional[list] = N
         if n not in d.completeness.notes:
             d.completeness.notes.append(n)
     tmp = bundle / ".diagnosis.json.tmp"
-    tmp.write_text(d.model_dump_json(indent=2) + "\n")
+    # 0640 in the bundle's group; the bundle's default ACL lets the job's user read it.
+    _write_private(tmp, d.model_dump_json(indent=2) + "\n", os.stat(bundle).st_gid)
     os.replace(tmp, bundle / "diagnosis.json")
     db = open_store(st.database)
     db.upsert(d, cluster, bundle_path=str(bundle))
@@ -237,7 +309,10 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
                   run: dict, deadline: float) -> Path:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "slurm").mkdir(parents=True)
+    _parent_dirs(Path(st.bundle_dir), dest.parent)
+    gid = os.stat(st.bundle_dir).st_gid
+    os.mkdir(tmp, 0o700)            # nobody else can enter it until it is sealed below
+    (tmp / "slurm").mkdir()
     if job_text:
         (tmp / "slurm" / "job.txt").write_text(job_text)
     if nodes_text:
@@ -276,9 +351,13 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     record["outputs"] = [{"copy": f"logs/{d.name}", "source": src} for src, d in pairs
                          if d.is_file()]
     (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
+    _seal(tmp, gid)
+    note = _grant_read(tmp, uid, st.probe_timeout_s)
+    if note:
+        notes.append(note)
     if notes:
-        (tmp / "slurm" / "collect-notes.txt").write_text(
-            "\n".join(dict.fromkeys(notes)) + "\n")
+        _write_private(tmp / "slurm" / "collect-notes.txt",
+                       "\n".join(dict.fromkeys(notes)) + "\n", gid)
     if dest.exists():
         old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
         os.replace(dest, old)

@@ -62,6 +62,9 @@ class Settings(BaseModel):
     serve_base_url: str = "/"
     serve_allow_sql: bool = False
     serve_sql_time_limit_ms: int = Field(1000, ge=10)
+    serve_evidence_text: Literal["admins", "all", "none"] = "admins"
+    serve_admins: list[str] = Field(default_factory=lambda: ["root"])
+    serve_trusted_user_header: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9-]*)?$")
 
     @field_validator("timezone")
     @classmethod

@@ -23,19 +23,28 @@ def config_path(explicit: Optional[Path] = None, env=os.environ) -> Path:
     return explicit or SYSTEM_CONFIG
 
 
-def database(flag: Optional[str] = None, config: Optional[Path] = None, env=os.environ) -> str:
-    """flag > SATTRIB_DATABASE > the config file's `database` > default (as the settings do)."""
+def setting(key: str, flag: Optional[str] = None, config: Optional[Path] = None,
+            env=os.environ) -> Optional[str]:
+    """One string setting: flag > SATTRIB_<KEY> > the config file > None (as the settings do)."""
     if flag:
         return flag
-    if env.get("SATTRIB_DATABASE"):
-        return env["SATTRIB_DATABASE"]
+    if env.get("SATTRIB_" + key.upper()):
+        return env["SATTRIB_" + key.upper()]
     path = config_path(config, env)
     if path.is_file():
         import tomllib
         try:
-            value = tomllib.loads(path.read_text(encoding="utf-8")).get("database")
+            value = tomllib.loads(path.read_text(encoding="utf-8")).get(key)
         except (OSError, tomllib.TOMLDecodeError):
             value = None          # the full settings loader reports the error properly
         if isinstance(value, str) and value:
             return value
-    return default_database()
+    return None
+
+
+def database(flag: Optional[str] = None, config: Optional[Path] = None, env=os.environ) -> str:
+    return setting("database", flag, config, env) or default_database()
+
+
+def bundle_dir(config: Optional[Path] = None, env=os.environ) -> str:
+    return setting("bundle_dir", None, config, env) or str(SYSTEM_DATA / "bundles")

@@ -1,4 +1,10 @@
-"""`sattrib serve`: the read-only Datasette dashboard on the diagnoses database."""
+"""`sattrib serve`: the read-only Datasette dashboard on the diagnoses database.
+
+Evidence text (log lines, the full diagnosis JSON, bundle paths) lives in the tables in
+TEXT_TABLES; who may see them is a Datasette `allow` block on each of them, and arbitrary SQL
+(which reaches every table) has the same block (serve_evidence_text, serve_admins). The
+trusted proxy header is handed to the plugin in the environment, never in the metadata (which
+/-/metadata shows)."""
 from __future__ import annotations
 
 import json
@@ -20,17 +26,33 @@ def dashboard_dir() -> Path:
                     "reinstall sattrib (install.sh)")
 
 
-def metadata(db_path: Path, allow_sql: bool) -> dict:
+TEXT_TABLES = ("diagnoses", "evidence", "evidence_timeline")
+HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"
+
+
+def text_allow(settings):
+    """The Datasette allow block of those who may read evidence text (True: everyone)."""
+    return {"all": True, "none": False,
+            "admins": {"id": list(settings.serve_admins)}}[settings.serve_evidence_text]
+
+
+def metadata(db_path: Path, settings) -> dict:
     import yaml
     md = yaml.safe_load((dashboard_dir() / "metadata.yml").read_text())
-    md["allow_sql"] = bool(allow_sql)
+    allow = text_allow(settings)
+    md["allow_sql"] = allow if settings.serve_allow_sql else False
+    if allow is not True:
+        tables = md["databases"]["diagnoses"]["tables"]
+        for t in TEXT_TABLES:
+            tables[t]["allow"] = allow
     name = db_path.stem
     if name != "diagnoses":
         md["databases"] = {name: md["databases"].pop("diagnoses")}
     return md
 
 
-def datasette_argv(settings, db_path: Path, metadata_file: Path) -> list[str]:
+def datasette_argv(settings, db_path: Path, metadata_file: Path,
+                   root: bool = False) -> list[str]:
     d = dashboard_dir()
     argv = [sys.executable, "-m", "datasette", "serve", str(db_path),
             "--metadata", str(metadata_file),
@@ -42,13 +64,15 @@ def datasette_argv(settings, db_path: Path, metadata_file: Path) -> list[str]:
             "--setting", "allow_download", "off",
             "--setting", "allow_csv_stream", "off",
             "--setting", "suggest_facets", "off"]
+    if root:
+        argv.append("--root")           # Datasette prints a one-time login URL for "root"
     if settings.serve_base_url not in ("", "/"):
         base = "/" + settings.serve_base_url.strip("/") + "/"
         argv += ["--setting", "base_url", base]
     return argv
 
 
-def prepare(settings) -> tuple[list[str], Path]:
+def prepare(settings, root: bool = False) -> tuple[list[str], Path]:
     db_path = Path(os.path.expanduser(settings.database))
     if not db_path.is_file():
         raise UserError(f"no diagnoses database at {db_path}",
@@ -58,12 +82,20 @@ def prepare(settings) -> tuple[list[str], Path]:
     except ImportError:
         raise UserError("Datasette is not installed",
                         "pip install 'sattrib[dashboard]' (Datasette 0.65)") from None
-    md = metadata(db_path, settings.serve_allow_sql)
+    md = metadata(db_path, settings)
     tmp = Path(tempfile.mkdtemp(prefix="sattrib-serve-")) / "metadata.json"
     tmp.write_text(json.dumps(md, indent=1))
-    return datasette_argv(settings, db_path, tmp), tmp
+    return datasette_argv(settings, db_path, tmp, root), tmp
 
 
-def serve(settings) -> None:
-    argv, _ = prepare(settings)
-    os.execv(argv[0], argv)
+def environment(settings) -> dict:
+    env = dict(os.environ)
+    env.pop(HEADER_ENV, None)
+    if settings.serve_trusted_user_header:
+        env[HEADER_ENV] = settings.serve_trusted_user_header
+    return env
+
+
+def serve(settings, root: bool = False) -> None:
+    argv, _ = prepare(settings, root)
+    os.execve(argv[0], argv, environment(settings))

@@ -3,6 +3,10 @@
 One row per (cluster, job, restart), upserted: storing the same run again replaces its row and
 its evidence rows, never duplicates them. WAL mode so Datasette can read while the controller
 writes; the database belongs on the controller's local disk (WAL does not work over NFS).
+
+It holds every user's evidence lines: 0640 whatever the umask (SQLite gives its -wal and -shm
+files the database's mode), readable by its owner (SlurmUser) and group (admins). Users read
+their own jobs' diagnoses from their bundles (`sattrib JOBID`, lookup.find_in_bundles).
 """
 from __future__ import annotations
 
@@ -21,6 +25,22 @@ from .errors import UserError
 
 migrations = Migrations("sattrib")
 BUSY_TIMEOUT_MS = 30_000
+DB_MODE = 0o640
+
+
+def _private(path: Path) -> None:
+    """Create the database file 0640, and take the world bits off one made before."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, DB_MODE))
+        os.chmod(path, DB_MODE)
+    except FileExistsError:
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            try:
+                st = os.stat(p)
+                if st.st_uid == os.geteuid() and st.st_mode & 0o007:
+                    os.chmod(p, st.st_mode & 0o770)
+            except OSError:
+                pass
 
 
 @migrations()
@@ -110,6 +130,7 @@ class Store:
         else:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                _private(self.path)
                 conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
                                        isolation_level=None)
             except (OSError, sqlite3.Error) as e:

@@ -37,17 +37,17 @@ def db(tmp_path_factory):
     return path
 
 
-def _argv(db, allow_sql=False):
-    md = db.parent / f"metadata-{allow_sql}.json"
-    md.write_text(json.dumps(metadata(db, allow_sql)))
-    st = Settings(database=str(db), serve_allow_sql=allow_sql)
+def _argv(db, allow_sql=False, text="admins"):
+    md = db.parent / f"metadata-{allow_sql}-{text}.json"
+    st = Settings(database=str(db), serve_allow_sql=allow_sql, serve_evidence_text=text)
+    md.write_text(json.dumps(metadata(db, st)))
     argv = datasette_argv(st, db, md)
     return argv[: argv.index("--host")] + argv[argv.index("--setting"):]
 
 
-def get(db, path, allow_sql=False):
-    r = subprocess.run([*_argv(db, allow_sql), "--get", path], capture_output=True, text=True,
-                       timeout=120)
+def get(db, path, allow_sql=False, text="admins"):
+    r = subprocess.run([*_argv(db, allow_sql, text), "--get", path], capture_output=True,
+                       text=True, timeout=120)
     return r.returncode, r.stdout
 
 
@@ -96,7 +96,8 @@ def test_diagnosis_and_node_pages(db):
 def test_links_in_tables_and_rules_pages(db):
     rc, html = get(db, "/diagnoses/rules/gpu~2Exid")
     assert rc == 0 and "NVIDIA Xid error" in html
-    rc, html = get(db, "/diagnoses/evidence_timeline?diagnosis_id=test%2F7001%2F0")
+    rc, html = get(db, "/diagnoses/evidence_timeline?diagnosis_id=test%2F7001%2F0",
+                   text="all")
     assert rc == 0 and 'href="/diagnosis/test/7001/0"' in html and 'href="/node/gn02"' in html
 
 
@@ -105,7 +106,7 @@ def test_log_text_is_escaped_everywhere(db):
     for path in ("/diagnosis/test/7015/0", "/diagnoses/unexplained",
                  "/diagnoses/evidence?diagnosis_id=test%2F7015%2F0",
                  "/diagnoses/diagnoses/test~2F7015~2F0"):
-        rc, html = get(db, path)
+        rc, html = get(db, path, text="all")
         assert rc == 0, path
         assert "<script>" + marker not in html and "<img src=x" not in html, path
         if path != "/diagnoses/unexplained":
@@ -115,9 +116,10 @@ def test_log_text_is_escaped_everywhere(db):
 def test_read_only_and_sql_switch(db):
     rc, _ = get(db, "/diagnoses.json?sql=select+1")
     assert rc != 0                                     # arbitrary SQL off by default
-    rc, body = get(db, "/diagnoses.json?sql=select+count(*)+as+n+from+diagnoses", allow_sql=True)
+    rc, body = get(db, "/diagnoses.json?sql=select+count(*)+as+n+from+diagnoses", allow_sql=True,
+                   text="all")
     assert rc == 0 and json.loads(body)["rows"]
-    rc, _ = get(db, "/diagnoses.json?sql=delete+from+diagnoses", allow_sql=True)
+    rc, _ = get(db, "/diagnoses.json?sql=delete+from+diagnoses", allow_sql=True, text="all")
     assert rc != 0                                     # the database is opened read-only
     assert Store(db).find("1001")                      # and nothing was deleted
 
@@ -205,7 +207,7 @@ def test_base_url_for_a_reverse_proxy(db):
     assert argv[argv.index("base_url") - 1:argv.index("base_url") + 2] == [
         "--setting", "base_url", "/sattrib/"]
     md = db.parent / "metadata-bu.json"
-    md.write_text(json.dumps(metadata(db, False)))
+    md.write_text(json.dumps(metadata(db, st)))
     base = _argv(db)
     r = subprocess.run([*base, "--setting", "base_url", "/sattrib/", "--get",
                         "/diagnosis/test/1001/0"], capture_output=True, text=True, timeout=120)

@@ -231,8 +231,8 @@ def test_ownership_as_root(main):
         st = p.stat()
         return (pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name,
                 stat.S_IMODE(st.st_mode))
-    assert owner(main.var) == (SLURM_USER, group, 0o755)
-    assert owner(main.var / "bundles") == (SLURM_USER, group, 0o755)
+    assert owner(main.var) == (SLURM_USER, group, 0o751)
+    assert owner(main.var / "bundles") == (SLURM_USER, group, 0o751)
     assert owner(main.spool) == ("root", group, 0o2770)
     # Root's hooks write into the log directory: only root may add, replace or link a name in
     # it; each log is made for the user that appends to it.
@@ -240,8 +240,10 @@ def test_ownership_as_root(main):
     assert owner(main.log / "epilog.log") == ("root", "root", 0o640)
     assert owner(main.log / "epilog-slurmctld.log") == (SLURM_USER, group, 0o640)
     assert owner(main.log / "worker.log") == (SLURM_USER, group, 0o640)
-    assert "readable by every user" in main.output
     assert f"Logs: {main.log} is root:root 0755" in main.output
+    assert f"readable by {SLURM_USER}\nand group {group} only" in main.output
+    # The worker's files are private whatever slurmctld's umask was.
+    assert "\numask 027\n" in main.epilog_ctld.read_text()
 
 
 @slow

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages the integration tests start for real: Slurm, munge,
-# systemd-journal-remote (journal files), Chromium (the dashboard browser test).
+# systemd-journal-remote (journal files), Chromium (the dashboard browser test), acl (setfacl:
+# the job's user is granted read on their own evidence bundle).
 #
 # Idempotent and quick when everything is already present (no apt-get call at
 # all in that case).  Does NOT start any service: there is no systemd PID 1 on
@@ -10,7 +11,7 @@
 # Usage:  sudo bash tests/integration/setup-system.sh
 set -euo pipefail
 
-PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core)
+PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core acl)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup-system.sh: must run as root" >&2

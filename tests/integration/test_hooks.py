@@ -37,6 +37,7 @@ import pwd
 import re
 import shlex
 import shutil
+import stat
 import signal
 import sqlite3
 import statistics
@@ -916,6 +917,22 @@ def test_user_output_symlink_and_fifo_are_not_read(cluster, install, nodes, work
         for p in bundle.rglob("*"):
             assert not p.is_symlink() and not p.is_fifo(), p
         assert time.monotonic() - t0 < DIAGNOSIS_TIMEOUT
+
+        # Private: nothing in the bundle or the database is readable by other users; the
+        # job's user reads their own bundle (ACL) and gets `sattrib JOBID` from it.
+        for p in [bundle, *bundle.rglob("*"), Path(install.settings["database"])]:
+            assert stat.S_IMODE(p.stat().st_mode) & 0o007 == 0, (p, oct(p.stat().st_mode))
+        def as_user(*argv):        # setpriv: runuser's PAM session may not reach the venv's python
+            return subprocess.run(["setpriv", f"--reuid={job_user.pw_uid}",
+                                   f"--regid={job_user.pw_gid}", "--init-groups",
+                                   *map(str, argv)],
+                                  env=dict(env, SATTRIB_CONFIG=str(install.config)),
+                                  capture_output=True, text=True, timeout=60, cwd="/")
+        assert as_user("cat", install.settings["database"]).returncode != 0
+        r = as_user("cat", bundle / "diagnosis.json")
+        assert r.returncode == 0 and json.loads(r.stdout)["job_id"] == str(jid), r.stderr
+        r = as_user(install.sattrib, str(jid))
+        assert r.returncode == 0 and f"Job {jid}" in r.stdout, r.stdout + r.stderr
     finally:
         shutil.rmtree(udir, ignore_errors=True)
         shutil.rmtree(secret_dir, ignore_errors=True)

@@ -1,0 +1,205 @@
+"""The dashboard shows evidence lines to admins only, answers 405 to writes, shows no file
+paths and reads a database its user may not write. Real Datasette: its own test client in this
+process (actors, headers, POST) and `datasette --get` as an unprivileged user."""
+import asyncio
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sattrib.analysis import analyze_folder, load_rules
+from sattrib.config import Settings
+from sattrib.demo import write_demo
+from sattrib.serve import HEADER_ENV, dashboard_dir, datasette_argv, metadata
+from sattrib.store import Store
+
+LINE = "kernel: NVRM: Xid (PCI:0000:9d:00): 149"          # the demo's root evidence line
+TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
+              "/diagnoses/diagnoses.json", "/diagnoses/diagnoses/test~2F1001~2F0.json",
+              "/diagnoses/evidence/test~2F1001~2F0,e1.json", "/diagnoses/evidence",
+              "/diagnoses/diagnoses/test~2F1001~2F0"]
+OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
+              "/node/node-02", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
+              "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json"] + [
+              f"/diagnoses/{q}.json?days=3650" for q in (
+                  "recent_failures", "failures_by_category", "node_hotspots", "gpu_hotspots",
+                  "unexplained", "missing_telemetry")]
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dashpriv")
+    path = d / "diagnoses.db"
+    rules = load_rules()
+    store = Store(path)
+    diag, _ = analyze_folder(write_demo(d / "demo"), rules=rules)
+    store.upsert(diag, "test", bundle_path=str(d / "demo"))
+    store.sync_rules(rules)
+    return path
+
+
+def run(db, requests, monkeypatch=None, **settings):
+    """Start Datasette in-process with the metadata and plugin `sattrib serve` uses and run
+    `requests(ds, client)`."""
+    from datasette.app import Datasette
+    st = Settings(database=str(db), **settings)
+    d = dashboard_dir()
+
+    async def go():
+        ds = Datasette(files=[str(db)], metadata=metadata(db, st),
+                       template_dir=str(d / "templates"), plugins_dir=str(d / "plugins"),
+                       settings={"sql_time_limit_ms": 1000})
+        await ds.invoke_startup()
+        return await requests(ds, ds.client)
+    return asyncio.run(go())
+
+
+def root_cookie(ds):
+    return {"ds_actor": ds.sign({"a": {"id": "root"}}, "actor")}
+
+
+def test_anonymous_visitors_see_diagnoses_but_no_evidence_text(db):
+    async def requests(ds, client):
+        out = {}
+        for p in TEXT_PAGES + OPEN_PAGES:
+            r = await client.get(p)
+            out[p] = (r.status_code, r.text)
+        return out
+    pages = run(db, requests)
+    for p in TEXT_PAGES:
+        assert pages[p][0] == 403, p
+    for p in OPEN_PAGES:
+        status, body = pages[p]
+        assert status == 200, p
+        assert LINE not in body and "diagnosis_json" not in body, p
+        assert str(db.parent) not in body, p                 # nor the bundle path
+    page = pages["/diagnosis/test/1001/0"][1]
+    assert "Xid 149" in page and "node-02/journal.log:6" in page and "nvlink" in page
+    assert "shown to the dashboard" in page and "admins only" in page
+    assert "drain node-02" in pages["/diagnoses/recent_failures.json?days=3650"][1]
+
+
+def test_admins_see_evidence_text(db):
+    async def requests(ds, client):
+        c = root_cookie(ds)
+        return {p: (await client.get(p, cookies=c)) for p in (
+            "/diagnosis/test/1001/0", "/diagnoses/evidence.json?_shape=array",
+            "/diagnoses/diagnoses/test~2F1001~2F0.json")}
+    pages = run(db, requests)
+    assert LINE in pages["/diagnosis/test/1001/0"].text
+    assert str(db.parent / "demo") in pages["/diagnosis/test/1001/0"].text
+    rows = pages["/diagnoses/evidence.json?_shape=array"].json()
+    assert any(LINE in r["text"] for r in rows)
+    assert pages["/diagnoses/diagnoses/test~2F1001~2F0.json"].status_code == 200
+
+
+def test_sql_reaches_every_table_so_it_is_for_admins_only(db):
+    sql = "/diagnoses.json?sql=select+text+from+evidence"
+
+    async def requests(ds, client):
+        return (await client.get(sql)).status_code, await client.get(sql, cookies=root_cookie(ds))
+    anon, admin = run(db, requests, serve_allow_sql=True)
+    assert anon == 403
+    assert admin.status_code == 200 and any(LINE in r[0] for r in admin.json()["rows"])
+    anon, admin = run(db, requests, serve_allow_sql=True, serve_evidence_text="none")
+    assert anon == 403 and admin.status_code == 403
+
+
+def test_trusted_proxy_header_only_when_the_site_names_it(db, monkeypatch):
+    async def requests(ds, client):
+        return [(await client.get("/diagnoses/evidence.json", headers={"X-Remote-User": u}))
+                .status_code for u in ("alice", "mallory")]
+    assert run(db, requests, serve_admins=["alice"]) == [403, 403]
+    monkeypatch.setenv(HEADER_ENV, "X-Remote-User")
+    assert run(db, requests, serve_admins=["alice"]) == [200, 403]
+
+
+def test_writes_answer_405(db):
+    async def requests(ds, client):
+        return [await client.post(p, data={"x": "1"}) for p in (
+            "/diagnoses/recent_failures", "/diagnoses/evidence", "/diagnoses/-/query")]
+    for r in run(db, requests):
+        assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
+
+
+def test_no_file_paths_in_the_instance_pages(db):
+    pages = ["/-/databases.json", "/-/databases", "/-/metadata.json", "/-/settings.json",
+             "/-/plugins.json", "/-/versions.json", "/-/threads.json", "/.json",
+             "/diagnoses.json"]
+
+    async def requests(ds, client):
+        return {p: await client.get(p) for p in pages}
+    got = run(db, requests)
+    for p, r in got.items():
+        assert r.status_code == 200, p
+        assert str(db) not in r.text and str(db.parent) not in r.text, p
+    names = [d["name"] for d in got["/-/databases.json"].json()]
+    assert names == ["diagnoses"] and "path" not in got["/-/databases.json"].json()[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root")
+def test_served_by_a_user_who_may_only_read_the_database(db):
+    """The dashboard user reads the file but may not write it nor create its -shm: with no
+    writer connected, and with one connected that has rows only in its WAL."""
+    base = Path(tempfile.mkdtemp(prefix="sattrib-dash-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        copy = base / "diagnoses.db"
+        src = sqlite3.connect(db)
+        dst = sqlite3.connect(copy)
+        src.backup(dst)
+        dst.execute("pragma journal_mode=wal")
+        dst.close()
+        src.close()
+        os.chmod(copy, 0o644)
+        assert not Path(f"{copy}-wal").exists()
+        md = base / "metadata.json"
+        st = Settings(database=str(copy))
+        md.write_text(json.dumps(metadata(copy, st)))
+        os.chmod(md, 0o644)
+        argv = datasette_argv(st, copy, md)
+        argv = argv[: argv.index("--host")] + argv[argv.index("--setting"):]
+
+        def get(path):
+            r = subprocess.run([shutil.which("setpriv"), "--reuid=65534", "--regid=65534",
+                                "--clear-groups", *argv, "--get", path], capture_output=True,
+                               text=True, timeout=120, cwd="/")
+            assert r.returncode == 0, r.stdout[-400:] + r.stderr[-800:]
+            return json.loads(r.stdout)
+        q = "/diagnoses/recent_failures.json?_shape=array&days=3650"
+        assert [r["job_id"] for r in get(q)] == ["1001"]
+        writer = sqlite3.connect(copy)                     # a worker writing right now
+        writer.execute("insert into diagnoses (id, cluster, job_id, restart, outcome, "
+                       "created_at) values ('test/1002/0', 'test', '1002', 0, 'unattributed', "
+                       "'2099-01-01T00:00:00Z')")
+        writer.commit()
+        assert stat.S_IMODE(os.stat(f"{copy}-shm").st_mode) == 0o644
+        assert [r["job_id"] for r in get(q)] == ["1002", "1001"]
+        writer.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_service_runs_as_a_user_that_may_only_read():
+    from helpers import ROOT
+    unit = ROOT / "etc" / "sattrib-dashboard.service"
+    keys = {}
+    for ln in unit.read_text().splitlines():
+        if "=" in ln and not ln.startswith("#"):
+            k, _, v = ln.partition("=")
+            keys.setdefault(k, []).append(v)
+    assert keys["DynamicUser"] == ["yes"] and "User" not in keys        # not SlurmUser
+    assert keys["SupplementaryGroups"] == ["slurm"] and "ReadWritePaths" not in keys
+    assert keys["ReadOnlyPaths"] == ["/var/lib/sattrib"] and keys["ProtectSystem"] == ["strict"]
+    if shutil.which("systemd-analyze"):
+        r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                           text=True, timeout=60)
+        problems = [ln for ln in (r.stdout + r.stderr).splitlines()
+                    if ln.strip() and "/opt/sattrib/venv/bin/sattrib" not in ln]
+        assert not problems, problems
