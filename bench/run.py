@@ -48,6 +48,11 @@ MB = 1_000_000
 # ----------------------------------------------------------------------------- helpers
 
 
+# sattrib with `import hyperscan` failing, as where no wheel exists (the rule cache keys on it).
+NO_HYPERSCAN = ("import sys; sys.modules['hyperscan'] = None; sys.argv[0] = 'sattrib'; "
+                "from sattrib.cli import main; sys.exit(main())")
+
+
 def find_sattrib(explicit: str | None) -> list[str]:
     if explicit:
         return explicit.split()
@@ -510,6 +515,9 @@ def main(argv=None) -> int:
     ap.add_argument("--start", action="store_true",
                     help="only measure the start (cold and warm rule cache), best of 5")
     ap.add_argument("--sattrib", help="sattrib command (default: next to this python, or PATH)")
+    ap.add_argument("--no-hyperscan", action="store_true",
+                    help="run sattrib as on a machine without Hyperscan (aarch64): its "
+                         "pure-Python prefilter")
     ap.add_argument("--json", action="store_true", help="print results as JSON")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON results to FILE")
     args = ap.parse_args(argv)
@@ -519,6 +527,8 @@ def main(argv=None) -> int:
 
     cmd = find_sattrib(args.sattrib)
     py = venv_python(cmd)
+    if args.no_hyperscan:
+        cmd = [py, "-c", NO_HYPERSCAN]
     if args.start:
         with tempfile.TemporaryDirectory(prefix="sattrib-bench-") as tmpname:
             st = measure_start(cmd, py, Path(tmpname))
