@@ -31,6 +31,40 @@ def reader_limits(st):
     return Limits(file_cap=st.file_cap_mb << 20, max_hits=st.max_hits_per_file)
 
 
+def check_shape(path: Path) -> None:
+    """Refuse, with a hint, what is not one job's evidence folder: an empty folder (there is
+    nothing to say about a job with no evidence) or a folder of evidence folders (one job
+    folder would be taken for a node)."""
+    import os
+    try:
+        top = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}", "check the folder's permissions")
+    dirs = [e for e in top if e.is_dir(follow_symlinks=False) and not e.name.startswith((".", "_"))]
+    names = {e.name for e in dirs}
+
+    def has_files(d) -> bool:
+        try:
+            return any(f.is_file(follow_symlinks=False) or f.is_dir(follow_symlinks=False)
+                       for f in os.scandir(d.path))
+        except OSError:
+            return True                       # unreadable: the reader will say so
+    if not any(e.is_file(follow_symlinks=False) for e in top) and not any(map(has_files, dirs)):
+        raise UserError(f"{path} holds no evidence files",
+                        "give the job's evidence folder: slurm/, logs/ and one folder per node "
+                        "(see README)")
+    if "slurm" in names or "logs" in names:
+        return
+    jobs = [e.name for e in dirs if any(os.path.isdir(os.path.join(e.path, n)) and
+                                        not os.path.islink(os.path.join(e.path, n))
+                                        for n in ("slurm", "logs"))]
+    if len(jobs) >= 2:
+        more = f", ... ({len(jobs)} of them)" if len(jobs) > 3 else ""
+        raise UserError(f"{path} looks like a folder of evidence folders "
+                        f"({', '.join(jobs[:3])}{more}), not one job's",
+                        f"analyze one of them: sattrib analyze {path / jobs[0]}")
+
+
 def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None,
                    timezone: str = "UTC"):
     """Evidence folder -> (Diagnosis, Bundle)."""

@@ -96,10 +96,13 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
 
     FOLDER holds slurm/ (scontrol/sacct output), logs/ (job output) and one folder per node
     (kernel log, nvidia-smi, rank output). Files are recognised by content."""
-    from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
+    from .analysis import (analysis_settings, analyze_folder, check_shape, load_rules,
+                           reader_limits)
     loaded = _settings(ctx, cluster=cluster, database=database,
                        rules_dirs=list(rules_dirs) or None)
     st = loaded.settings
+    if folder.is_dir() and not folder.is_symlink():
+        check_shape(folder)
     rules = load_rules(st.rules_dirs)
     d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
                           limits=reader_limits(st), timezone=st.timezone)

@@ -57,6 +57,23 @@ def test_analyze_errors(tmp_path):
     assert r.returncode == 2                                       # usage error
 
 
+def test_analyze_refuses_what_is_not_one_jobs_folder(tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "node-01").mkdir(parents=True)
+    r = run("analyze", str(empty))
+    assert r.returncode == 1 and "holds no evidence files" in r.stderr and "hint:" in r.stderr
+    cases = tmp_path / "cases"
+    for name in ("a-job", "b-job"):
+        (cases / name / "slurm").mkdir(parents=True)
+        (cases / name / "slurm" / "job.txt").write_text("JobId=1 JobState=FAILED\n")
+        (cases / name / "expected.json").write_text("{}")
+    r = run("analyze", str(cases))
+    assert r.returncode == 1 and "a folder of evidence folders (a-job, b-job)" in r.stderr
+    assert f"sattrib analyze {cases / 'a-job'}" in r.stderr
+    r = run("analyze", str(cases / "a-job"), "--json")          # one of them is fine
+    assert r.returncode == 0
+
+
 def test_debug_shows_traceback(tmp_path):
     r = run("--debug", "analyze", str(tmp_path / "nope"))
     assert r.returncode == 1 and "Traceback" in r.stderr
