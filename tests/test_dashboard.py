@@ -77,6 +77,30 @@ def test_hotspots_name_the_culprits(db):
     assert row["serial"] == "1650000000032" and row["uuid"].startswith("GPU-c41e7f93")
 
 
+def test_hotspots_count_infrastructure_faults_only(db):
+    # A user's exception or OOM names a node and often a GPU: never the node's or GPU's fault.
+    import sqlite3
+    con = sqlite3.connect(db)
+    workload = {r[0] for r in con.execute(
+        "select culprit_node from diagnoses where outcome = 'attributed' and family = 'workload'"
+        " and category != 'software_incompat' and culprit_node is not null")}
+    infra = {r[0] for r in con.execute(
+        "select culprit_node from diagnoses where outcome = 'attributed' and"
+        " (family in ('gpu', 'nvlink', 'network', 'storage')"
+        "  or category in ('software_incompat', 'scheduler_node_failure'))")}
+    user_gpus = {r for r in con.execute(
+        "select culprit_node, culprit_gpu from diagnoses where outcome = 'attributed'"
+        " and family = 'workload' and culprit_gpu is not null")}
+    con.close()
+    assert workload - infra and user_gpus, "the test database needs workload culprits"
+    _, body = get(db, "/diagnoses/node_hotspots.json?_shape=array&days=3650")
+    rows = json.loads(body)
+    assert {r["node"] for r in rows} == infra
+    assert all("application_error" not in (r["categories"] or "") for r in rows)
+    _, body = get(db, "/diagnoses/gpu_hotspots.json?_shape=array&days=3650")
+    assert not user_gpus & {(r["node"], r["gpu"]) for r in json.loads(body)}
+
+
 def test_diagnosis_and_node_pages(db):
     rc, html = get(db, "/diagnosis/test/1001/0")
     assert rc == 0
