@@ -45,10 +45,7 @@ def metadata(db_path: Path, settings) -> dict:
         tables = md["databases"]["diagnoses"]["tables"]
         for t in TEXT_TABLES:
             tables[t]["allow"] = allow
-    name = db_path.stem
-    if name != "diagnoses":
-        md["databases"] = {name: md["databases"].pop("diagnoses")}
-    return md
+    return md                     # the plugin serves the file as "diagnoses" whatever its name
 
 
 def datasette_argv(settings, db_path: Path, metadata_file: Path,

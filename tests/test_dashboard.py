@@ -236,3 +236,16 @@ def test_base_url_for_a_reverse_proxy(db):
     r = subprocess.run([*base, "--setting", "base_url", "/sattrib/", "--get",
                         "/diagnosis/test/1001/0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and 'href="/sattrib/node/node-02"' in r.stdout
+
+
+def test_a_database_of_any_file_name_keeps_every_link(db, tmp_path):
+    import shutil
+    other = tmp_path / "gpu-failures.db"
+    shutil.copy(db, other)
+    rc, html = get(other, "/")
+    assert rc == 0 and 'href="diagnoses/recent_failures"' in html
+    for path in ("/diagnoses/recent_failures.json?_shape=array",
+                 "/diagnoses/failures_by_category.json?_shape=array&days=3650",
+                 "/diagnoses/node_hotspots.json?_shape=array&days=3650"):
+        rc, body = get(other, path)
+        assert rc == 0 and json.loads(body), path

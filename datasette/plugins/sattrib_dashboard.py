@@ -47,6 +47,7 @@ def _diag_path(cluster, job, restart):
 
 
 HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"      # set by `sattrib serve`
+DB_NAME = "diagnoses"
 READ_METHODS = ("GET", "HEAD")
 
 
@@ -113,11 +114,13 @@ class ReadOnlyDatabase(Database):
 
 @hookimpl
 def startup(datasette):
+    # Served as "diagnoses" whatever the file is called (`--database /data/gpu-failures.db`):
+    # the metadata, the home page's links and the templates name it so.
     for name, db in list(datasette.databases.items()):
         if db.path and not db.is_memory and not isinstance(db, ReadOnlyDatabase):
             datasette.remove_database(name)
-            datasette.add_database(ReadOnlyDatabase(datasette, path=db.path), name=name,
-                                   route=db.route)
+            datasette.add_database(ReadOnlyDatabase(datasette, path=db.path), name=DB_NAME,
+                                   route=DB_NAME)
 
 
 async def databases_page(datasette, request):
