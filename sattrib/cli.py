@@ -140,16 +140,27 @@ def show(ctx, job_id, as_json, cluster, restart, database):
         raise UserError(f"no diagnosis for job {job_id} in {db_path}",
                         f"run `sattrib collect {job_id}` on the controller, or "
                         "`sattrib analyze DIR --store` on an evidence folder")
+    clusters = sorted({r["cluster"] for r in rows})
     if as_json:
+        # One object, always: a job id known to two clusters needs --cluster; of a requeued
+        # job's runs the last one is shown unless --restart picks another.
         import json
-        docs = [r["diagnosis"] for r in rows]
-        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        if len(clusters) > 1:
+            raise UserError(f"job {job_id} is known to clusters {', '.join(clusters)}",
+                            f"pick one: sattrib {job_id} --json --cluster {clusters[0]}")
+        last = max(rows, key=lambda r: r["restart"])
+        if len(rows) > 1:
+            click.echo(f"job {job_id} ran {len(rows)} times: showing run {last['restart']} "
+                       f"(--restart N for another: {', '.join(str(r['restart']) for r in rows)})",
+                       err=True)
+        click.echo(json.dumps(last["diagnosis"], indent=2))
         return
     from .render import render
     for i, r in enumerate(rows):
         if i:
             click.echo()
-        click.echo(render(r["diagnosis"]))
+        click.echo(render(r["diagnosis"], cluster=r["cluster"] if len(clusters) > 1 else None,
+                          run=r["restart"] if len(rows) > 1 else None))
 
 
 def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:

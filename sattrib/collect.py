@@ -182,6 +182,10 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
         text = slurm_job.pyslurm_job(job_id) or ""
     info = slurm_job.kv(text) if text else {}
     if not info and env_job is None:
+        if _UNREACHABLE.search(err or ""):
+            raise UserError(f"cannot reach slurmctld ({err.strip()})",
+                            "check that slurmctld is up and that SLURM_CONF points at this "
+                            "cluster's slurm.conf (scontrol ping)")
         raise UserError(f"slurmctld does not know job {job_id} ({err or 'no output'})",
                         "run it within MinJobAge of the job's end, or analyse an evidence "
                         "folder with `sattrib analyze DIR`")
@@ -366,6 +370,13 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     else:
         os.replace(tmp, dest)
     return dest
+
+
+# What scontrol prints when it cannot talk to slurmctld at all (src/api, src/common/slurm_conf.c).
+_UNREACHABLE = re.compile(r"Unable to contact slurm controller|Connection refused|"
+                          r"Could not establish a configuration source|slurm\.conf.*(?:No such "
+                          r"file|not found)|Socket timed out|Zero Bytes were transmitted|"
+                          r"timed out after", re.I)
 
 
 def _copy_name(i: int, src: str) -> str:

@@ -2,6 +2,8 @@
 it, what else went wrong because of it, what is missing, what to do."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from .engine.hostlist import compress
@@ -12,6 +14,8 @@ MAX_SYMPTOMS = 8
 
 
 def _c(text: str, **style) -> str:
+    if os.environ.get("NO_COLOR"):           # https://no-color.org
+        return text
     return click.style(text, **style)
 
 
@@ -30,11 +34,16 @@ def _short(text: str, n: int = 150) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def render(d: dict) -> str:
+def render(d: dict, cluster: str | None = None, run: int | None = None) -> str:
+    """`cluster` and `run` are named in the header when the job id has several diagnoses."""
     out: list[str] = []
     job = d.get("job") or {}
     head = f"Job {d.get('job_id') or '?'}"
-    if d.get("restart"):
+    if cluster:
+        head += f" on cluster {cluster}"
+    if run is not None:
+        head += f", run {run}"
+    elif d.get("restart"):
         head += f" (restart {d['restart']})"
     meta = ", ".join(x for x in (job.get("name"), job.get("user") and f"user {job['user']}",
                                  job.get("partition") and f"partition {job['partition']}") if x)
@@ -80,6 +89,7 @@ def render(d: dict) -> str:
             out.append(f"  ... {more} more evidence lines (--json shows all)")
     if outcome == "unattributed":
         out.append("Root cause: " + _c("none supported by the evidence", bold=True))
+    out.append("Action: " + _c(d["action"], bold=True))
 
     syms = d.get("symptoms") or []
     if syms:
@@ -111,6 +121,5 @@ def render(d: dict) -> str:
         out.append(_c(f"  ... {len(notes) - 5} more notes (--json shows all)", dim=True))
     if d.get("order_note"):
         out.append(_c(f"Order: {d['order_note']}", dim=True))
-    out.append("Action: " + _c(d["action"], bold=True))
     out.append(_c(f"rules {d['rules_version']}  engine {d['engine_version']}", dim=True))
     return "\n".join(out)

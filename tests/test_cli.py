@@ -94,6 +94,43 @@ def test_analyze_json_matches_contract_and_store(tmp_path):
     assert r.returncode == 0 and "gpu_memory_ecc on hx2" in r.stdout
 
 
+def test_show_json_is_one_object_for_a_requeued_job_and_two_clusters(tmp_path):
+    import sqlite3
+    db = tmp_path / "x.db"
+    case = str(CASES / "xid48_ecc_nvidia_smi_xml")
+    assert run("analyze", case, "--store", "--cluster", "alps", "--database", str(db)
+               ).returncode == 0
+    con = sqlite3.connect(db)                         # a second run of the same job
+    cols = [r[1] for r in con.execute("pragma table_info(diagnoses)")]
+    row = dict(zip(cols, con.execute("select * from diagnoses").fetchone()))
+    row.update(id="alps/7002/1", restart=1)
+    con.execute(f"insert into diagnoses ({', '.join(row)}) values ({', '.join('?' * len(row))})",
+                list(row.values()))
+    con.commit()
+    r = run("show", "7002", "--json", "--database", str(db))
+    assert r.returncode == 0 and isinstance(json.loads(r.stdout), dict)
+    assert "ran 2 times: showing run 1" in r.stderr
+    r = run("show", "7002", "--database", str(db))
+    assert "Job 7002, run 0" in r.stdout and "Job 7002, run 1" in r.stdout
+    assert run("analyze", case, "--store", "--cluster", "daint", "--database", str(db)
+               ).returncode == 0
+    r = run("show", "7002", "--json", "--database", str(db))
+    assert r.returncode == 1 and "known to clusters alps, daint" in r.stderr
+    assert "--cluster alps" in r.stderr
+    r = run("show", "7002", "--json", "--cluster", "daint", "--database", str(db))
+    assert r.returncode == 0 and json.loads(r.stdout)["job_id"] == "7002"
+
+
+def test_no_color_turns_colours_off(monkeypatch):
+    from sattrib.render import render
+    d = {"job_id": "1", "outcome": "unattributed", "action": "collect", "rules_version": "r",
+         "engine_version": "e"}
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert "\x1b[" in render(d)                       # click.echo strips it off a terminal
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert "\x1b[" not in render(d)
+
+
 def test_rules_commands(tmp_path):
     r = CliRunner().invoke(main, ["rules", "list"])
     assert r.exit_code == 0 and "gpu.xid" in r.output

@@ -157,3 +157,22 @@ def test_a_node_clock_ahead_is_corrected(tmp_path, monkeypatch):
     assert d.root_cause.first_seen == _iso(true_fault) + "Z"
     assert any("k2: its clock ran +200 s" in n for n in d.completeness.notes)
     assert not any(n.startswith(("k1:", "k3:")) and "clock" in n for n in d.completeness.notes)
+
+
+def test_collect_by_hand_says_when_slurmctld_cannot_be_reached(tmp_path, monkeypatch):
+    from test_fail_closed import _no_slurmctld, _settings
+
+    from sattrib.collect import collect_job
+    from sattrib.collectors import slurm_job
+    from sattrib.errors import UserError
+    _no_slurmctld(monkeypatch)
+    monkeypatch.setattr(slurm_job, "cluster_name", lambda d: None)
+    with pytest.raises(UserError) as e:
+        collect_job("8801", _settings(tmp_path))
+    assert str(e.value).startswith("cannot reach slurmctld (slurm_load_jobs error: Unable")
+    assert "SLURM_CONF" in e.value.hint
+    monkeypatch.setattr(slurm_job, "scontrol_job",
+                        lambda j, d: ("", "slurm_load_jobs error: Invalid job id specified"))
+    with pytest.raises(UserError) as e:
+        collect_job("8801", _settings(tmp_path))
+    assert "slurmctld does not know job 8801" in str(e.value)
