@@ -163,6 +163,65 @@ def show(ctx, job_id, as_json, cluster, restart, database):
                           run=r["restart"] if len(rows) > 1 else None))
 
 
+@main.command("list", epilog="""\b
+Examples:
+  sattrib list                              failed jobs diagnosed since midnight
+  sattrib list -S 7d --infra                infrastructure faults of the last week
+  sattrib list -S 2026-11-01 --node gpu-a017
+  sattrib list --category nvlink --json
+""")
+@click.option("-S", "--since", default="today", show_default=True,
+              help="Jobs that ended since: today, yesterday, 7d, 12h, or a local date/time.")
+@click.option("-E", "--until", help="...and before this (same forms).")
+@click.option("--user", "-u", help="Only this user's jobs.")
+@click.option("--partition", "-p", help="Only this partition.")
+@click.option("--category", help="Only this root-cause category.")
+@click.option("--node", "-n", help="Jobs that ran on this node or name it as the culprit.")
+@click.option("--outcome", type=click.Choice(["attributed", "ambiguous", "unattributed"]))
+@click.option("--infra", is_flag=True,
+              help="Only infrastructure faults (GPU, NVLink, network, storage, versions, node).")
+@click.option("--cluster", help="Only this cluster.")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON array.")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def list_cmd(ctx, since, until, user, partition, category, node, outcome, infra, cluster,
+             limit, as_json, database):
+    """Diagnosed failures, newest first, like `sacct -S today --state=FAILED` (admins)."""
+    import os
+    from . import paths
+    from .lookup import connect_readonly, list_failures, parse_since, readable
+    db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
+    if not readable(db_path):
+        raise UserError(f"cannot read {db_path}: the list is for admins (root and SlurmUser's "
+                        "group)", "`sattrib JOBID` shows your own jobs")
+    rows = list_failures(connect_readonly(db_path), db_path, parse_since(since),
+                         parse_since(until) if until else None, cluster=cluster, user=user,
+                         partition=partition, category=category, node=node, outcome=outcome,
+                         infra=infra, limit=limit)
+    if as_json:
+        import json
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no diagnosed failures since {parse_since(since)}"
+                   + (f" until {parse_since(until)}" if until else ""), err=True)
+        return
+    table = [("ENDED (UTC)", "JOBID", "USER", "PARTITION", "OUTCOME", "CATEGORY", "CULPRIT",
+              "ACTION")]
+    for r in rows:
+        culprit = "/".join(str(x) for x in (r["culprit_node"], r["culprit_gpu"]) if x) or "-"
+        if r["culprit_rank"] is not None:
+            culprit += f" rank {r['culprit_rank']}"
+        job = f"{r['job_id']}" + (f".{r['restart']}" if r["restart"] else "")
+        table.append(((r["ended"] or "")[:19].replace("T", " "), job, r["user"] or "-",
+                      r["partition"] or "-", r["outcome"], r["category"] or "-", culprit,
+                      r["action_code"] or "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
 def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:
     """For a user who may not read the database: their own job's bundle, or one clear line."""
     import os

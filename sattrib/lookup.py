@@ -85,3 +85,69 @@ def find_in_bundles(bundle_dir: Path, clusters: list[str], job_id: str,
         if out:
             break
     return out
+
+
+def parse_since(text: str, now: Optional[float] = None) -> str:
+    """`today`, `yesterday`, `now-7d` / `7d` / `12h`, or a local date or time (YYYY-MM-DD,
+    YYYY-MM-DDTHH:MM[:SS]), as sacct -S takes them -> an ISO UTC stamp like those stored."""
+    import re
+    import time
+    from datetime import datetime, timedelta, timezone
+    now = time.time() if now is None else now
+    t = text.strip().lower()
+    local = datetime.fromtimestamp(now).astimezone()
+    midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
+    m = re.fullmatch(r"(?:now-?)?(\d+)\s*([dhm])", t)
+    if t == "today":
+        when = midnight
+    elif t == "yesterday":
+        when = midnight - timedelta(days=1)
+    elif m:
+        n, unit = int(m.group(1)), m.group(2)
+        when = local - timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: n})
+    else:
+        try:
+            when = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise UserError(f"cannot read the time {text!r}",
+                            "use today, yesterday, 7d, 12h, 2026-11-02 or 2026-11-02T08:00")
+        if when.tzinfo is None:
+            when = when.astimezone()              # a local time, as sacct reads it
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+INFRA_SQL = ("(family IN ('gpu', 'nvlink', 'network', 'storage') "
+             "OR category IN ('software_incompat', 'scheduler_node_failure'))")
+
+
+def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optional[str] = None,
+                  cluster=None, user=None, partition=None, category=None, node=None,
+                  outcome=None, infra: bool = False, limit: int = 100) -> list[dict]:
+    """Diagnosed runs whose job ended (or, without an end, was diagnosed) in [since, until),
+    newest first."""
+    when = "COALESCE(job_end, created_at)"
+    where, args = [f"{when} >= ?"], [since]
+    if until:
+        where.append(f"{when} < ?")
+        args.append(until)
+    for col, val in (("cluster", cluster), ("user", user), ("partition", partition),
+                     ("category", category), ("outcome", outcome)):
+        if val:
+            where.append(f"{col} = ?")
+            args.append(val)
+    if node:
+        where.append("(culprit_node = ? OR EXISTS (SELECT 1 FROM json_each(nodes) "
+                     "WHERE value = ?))")
+        args += [node, node]
+    if infra:
+        where.append(INFRA_SQL)
+    sql = ("SELECT cluster, job_id, restart, user, partition, job_name, outcome, category, "
+           f"culprit_node, culprit_gpu, culprit_rank, action_code, summary, {when} AS ended "
+           f"FROM diagnoses WHERE {' AND '.join(where)} ORDER BY ended DESC, id DESC LIMIT ?")
+    try:
+        cur = conn.execute(sql, args + [limit])
+    except sqlite3.OperationalError as e:
+        raise UserError(f"cannot read {path}: {e}",
+                        "is it a sattrib database? run `sattrib demo` to create one") from None
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]

@@ -172,3 +172,30 @@ def test_show_stays_light():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ))
     assert "HEAVY []" in r.stdout, r.stdout[-500:] + r.stderr[-500:]
+
+
+def test_list_filters_like_sacct(tmp_path):
+    db = tmp_path / "x.db"
+    for name in ("xid48_ecc_nvidia_smi_xml", "cuda_oom_gpu_from_busid", "ib_port_down_roce",
+                 "app_exception_fake_kernel_lines"):
+        assert run("analyze", str(CASES / name), "--store", "--database", str(db)).returncode == 0
+
+    def rows(*args):
+        r = run("list", "-S", "2000-01-01", "--json", "--database", str(db), *args)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+    everything = rows()
+    assert len(everything) == 4
+    assert [r["ended"] for r in everything] == sorted((r["ended"] for r in everything),
+                                                      reverse=True)
+    infra = rows("--infra")
+    assert {r["category"] for r in infra} == {"gpu_memory_ecc", "network_ib"}
+    assert [r["category"] for r in rows("--category", "cuda_oom")] == ["cuda_oom"]
+    node = next(r["culprit_node"] for r in everything if r["category"] == "gpu_memory_ecc")
+    assert node in {r["culprit_node"] for r in rows("--node", node)}
+    assert rows("-S", "2999-01-01") == []
+    r = run("list", "--database", str(db), "-S", "2000-01-01")
+    assert r.stdout.splitlines()[0].split()[:3] == ["ENDED", "(UTC)", "JOBID"]
+    assert len(r.stdout.splitlines()) == 5
+    r = run("list", "--database", str(db), "-S", "last tuesday")
+    assert r.returncode == 1 and "cannot read the time" in r.stderr and "hint:" in r.stderr
