@@ -118,19 +118,30 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
 Examples:
   sattrib show 4417902
   sattrib 4417902 --json
+  sattrib 4417902.batch          (a step id as sacct prints it)
   sattrib 4417902 --restart 1
+  sattrib 4417902 --all --json   (every run of a requeued job, as an array)
 """)
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON (one object).")
 @click.option("--cluster", help="Only this cluster's diagnosis.")
-@click.option("--restart", type=int, help="Which run of a requeued job (default: all).")
+@click.option("--restart", type=int, help="Which run of a requeued job (default: the last).")
+@click.option("--all", "all_runs", is_flag=True,
+              help="Every run of a requeued job (with --json: an array).")
 @click.option("--database", help="Database file.")
 @click.pass_context
-def show(ctx, job_id, as_json, cluster, restart, database):
-    """Show the stored diagnosis of a job (what `sattrib JOBID` runs)."""
+def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
+    """Show the stored diagnosis of a job (what `sattrib JOBID` runs): its last run, or the
+    one --restart names."""
     import os
+    import re
     from . import paths
     from .lookup import connect_readonly, find, readable
+    m = re.fullmatch(r"(\d+(?:_\d+)?)(?:\.(?:batch|extern|interactive|\d+))?", job_id.strip())
+    if not m:
+        raise UserError(f"not a job id: {job_id!r}",
+                        "give a Slurm job id, e.g. 4417902, 4417902_3 or 4417902.batch")
+    job_id = m.group(1)                       # a step id pasted from sacct: its job
     db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
     if readable(db_path):
         rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
@@ -141,26 +152,26 @@ def show(ctx, job_id, as_json, cluster, restart, database):
                         f"run `sattrib collect {job_id}` on the controller, or "
                         "`sattrib analyze DIR --store` on an evidence folder")
     clusters = sorted({r["cluster"] for r in rows})
+    if len(clusters) > 1:
+        raise UserError(f"job {job_id} is known to clusters {', '.join(clusters)}",
+                        f"pick one: sattrib {job_id} --cluster {clusters[0]}")
+    rows.sort(key=lambda r: r["restart"])
+    shown = rows if all_runs else rows[-1:]
     if as_json:
-        # One object, always: a job id known to two clusters needs --cluster; of a requeued
-        # job's runs the last one is shown unless --restart picks another.
         import json
-        if len(clusters) > 1:
-            raise UserError(f"job {job_id} is known to clusters {', '.join(clusters)}",
-                            f"pick one: sattrib {job_id} --json --cluster {clusters[0]}")
-        last = max(rows, key=lambda r: r["restart"])
-        if len(rows) > 1:
-            click.echo(f"job {job_id} ran {len(rows)} times: showing run {last['restart']} "
-                       f"(--restart N for another: {', '.join(str(r['restart']) for r in rows)})",
-                       err=True)
-        click.echo(json.dumps(last["diagnosis"], indent=2))
+        docs = [r["diagnosis"] for r in shown]
+        click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
         return
     from .render import render
-    for i, r in enumerate(rows):
+    for i, r in enumerate(shown):
         if i:
             click.echo()
-        click.echo(render(r["diagnosis"], cluster=r["cluster"] if len(clusters) > 1 else None,
-                          run=r["restart"] if len(rows) > 1 else None))
+        n = rows.index(r) + 1
+        click.echo(render(r["diagnosis"], cluster=r["cluster"],
+                          run=(n, len(rows)) if len(rows) > 1 else None))
+    if len(rows) > 1 and not all_runs:
+        click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
+                   "one of them)", err=True)
 
 
 @main.command("list", epilog="""\b

@@ -34,17 +34,18 @@ def _short(text: str, n: int = 150) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def render(d: dict, cluster: str | None = None, run: int | None = None) -> str:
-    """`cluster` and `run` are named in the header when the job id has several diagnoses."""
+def render(d: dict, cluster: str | None = None, run: tuple | None = None) -> str:
+    """`cluster`: the cluster it is stored under; `run`: (n, of) for a job that ran several
+    times."""
     out: list[str] = []
     job = d.get("job") or {}
     head = f"Job {d.get('job_id') or '?'}"
-    if cluster:
-        head += f" on cluster {cluster}"
     if run is not None:
-        head += f", run {run}"
+        head += f" (run {run[0]} of {run[1]})"
     elif d.get("restart"):
         head += f" (restart {d['restart']})"
+    if cluster and cluster != "default":
+        head += f" on {cluster}"
     meta = ", ".join(x for x in (job.get("name"), job.get("user") and f"user {job['user']}",
                                  job.get("partition") and f"partition {job['partition']}") if x)
     if meta:

@@ -108,10 +108,16 @@ def test_show_json_is_one_object_for_a_requeued_job_and_two_clusters(tmp_path):
                 list(row.values()))
     con.commit()
     r = run("show", "7002", "--json", "--database", str(db))
-    assert r.returncode == 0 and isinstance(json.loads(r.stdout), dict)
-    assert "ran 2 times: showing run 1" in r.stderr
+    assert r.returncode == 0 and json.loads(r.stdout)["job_id"] == "7002"     # one object
+    r = run("show", "7002", "--all", "--json", "--database", str(db))
+    assert [d["job_id"] for d in json.loads(r.stdout)] == ["7002", "7002"]
     r = run("show", "7002", "--database", str(db))
-    assert "Job 7002, run 0" in r.stdout and "Job 7002, run 1" in r.stdout
+    assert r.stdout.startswith("Job 7002 (run 2 of 2) on alps")
+    assert "ran 2 times; --all shows every run" in r.stderr
+    r = run("show", "7002.batch", "--all", "--database", str(db))   # a step id, as sacct prints
+    assert "Job 7002 (run 1 of 2) on alps" in r.stdout and "(run 2 of 2)" in r.stdout
+    r = run("show", "7002;rm", "--database", str(db))
+    assert r.returncode == 1 and "not a job id" in r.stderr
     assert run("analyze", case, "--store", "--cluster", "daint", "--database", str(db)
                ).returncode == 0
     r = run("show", "7002", "--json", "--database", str(db))
