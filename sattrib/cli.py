@@ -189,15 +189,17 @@ Examples:
 @click.option("--category", help="Only this root-cause category.")
 @click.option("--node", "-n", help="Jobs that ran on this node or name it as the culprit.")
 @click.option("--outcome", type=click.Choice(["attributed", "ambiguous", "unattributed"]))
+@click.option("--state", "-s", help="Only this final job state (FAILED, TIMEOUT, NODE_FAIL...).")
 @click.option("--infra", is_flag=True,
               help="Only infrastructure faults (GPU, NVLink, network, storage, versions, node).")
 @click.option("--cluster", help="Only this cluster.")
 @click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--parsable", "-P", is_flag=True, help="Rows separated by '|', as sacct -P.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON array.")
 @click.option("--database", help="Database file.")
 @click.pass_context
-def list_cmd(ctx, since, until, user, partition, category, node, outcome, infra, cluster,
-             limit, as_json, database):
+def list_cmd(ctx, since, until, user, partition, category, node, outcome, state, infra,
+             cluster, limit, parsable, as_json, database):
     """Diagnosed failures, newest first, like `sacct -S today --state=FAILED` (admins)."""
     import os
     from . import paths
@@ -209,7 +211,7 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, infra,
     rows = list_failures(connect_readonly(db_path), db_path, parse_since(since),
                          parse_since(until) if until else None, cluster=cluster, user=user,
                          partition=partition, category=category, node=node, outcome=outcome,
-                         infra=infra, limit=limit)
+                         state=state, infra=infra, limit=limit)
     if as_json:
         import json
         click.echo(json.dumps(rows, indent=2))
@@ -218,19 +220,70 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, infra,
         click.echo(f"no diagnosed failures since {parse_since(since)}"
                    + (f" until {parse_since(until)}" if until else ""), err=True)
         return
-    table = [("ENDED (UTC)", "JOBID", "USER", "PARTITION", "OUTCOME", "CATEGORY", "CULPRIT",
-              "ACTION")]
+    table = [("ENDED (UTC)", "JOBID", "USER", "PARTITION", "STATE", "OUTCOME", "CATEGORY",
+              "CULPRIT", "ACTION")]
     for r in rows:
         culprit = "/".join(str(x) for x in (r["culprit_node"], r["culprit_gpu"]) if x) or "-"
         if r["culprit_rank"] is not None:
             culprit += f" rank {r['culprit_rank']}"
         job = f"{r['job_id']}" + (f".{r['restart']}" if r["restart"] else "")
         table.append(((r["ended"] or "")[:19].replace("T", " "), job, r["user"] or "-",
-                      r["partition"] or "-", r["outcome"], r["category"] or "-", culprit,
+                      r["partition"] or "-", r["job_state"] or "-", r["outcome"], r["category"] or "-", culprit,
                       r["action_code"] or "-"))
+    _table(table, parsable)
+
+
+def _table(table: list, parsable: bool) -> None:
+    if parsable:
+        for row in table:
+            click.echo("|".join(c.replace("|", "/") for c in row))
+        return
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+@main.command(epilog="""\b
+Examples:
+  sattrib hotspots                 nodes with the most infrastructure faults, last 30 days
+  sattrib hotspots --gpu -S 90d    GPUs (node + PCI address), last 90 days
+""")
+@click.option("-S", "--since", default="30d", show_default=True,
+              help="Since: today, 7d, 30d, or a local date/time.")
+@click.option("--gpu", is_flag=True, help="Rank GPUs instead of nodes.")
+@click.option("--cluster", help="Only this cluster.")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--parsable", "-P", is_flag=True, help="Rows separated by '|'.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON array.")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
+    """Nodes (or GPUs) named most often as the culprit of an infrastructure fault; a user's
+    exception or OOM is never counted as the node's (admins)."""
+    import os
+    from . import paths
+    from .lookup import connect_readonly, hotspot_rows, parse_since, readable
+    db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
+    if not readable(db_path):
+        raise UserError(f"cannot read {db_path}: hotspots are for admins (root and "
+                        "SlurmUser's group)", "`sattrib JOBID` shows your own jobs")
+    rows = hotspot_rows(connect_readonly(db_path), db_path, parse_since(since), gpu, cluster,
+                        limit)
+    if as_json:
+        import json
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no infrastructure faults since {parse_since(since)}", err=True)
+        return
+    head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST (UTC)") if gpu else \
+        ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST (UTC)")
+    table = [head]
+    for r in rows:
+        last = (r["last"] or "")[:19].replace("T", " ")
+        table.append((r["node"], r["gpu"], str(r["failures"]), r["categories"], last) if gpu
+                     else (r["node"], str(r["failures"]), str(r["gpus"]), r["categories"], last))
+    _table(table, parsable)
 
 
 def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:

@@ -122,7 +122,8 @@ INFRA_SQL = ("(family IN ('gpu', 'nvlink', 'network', 'storage') "
 
 def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optional[str] = None,
                   cluster=None, user=None, partition=None, category=None, node=None,
-                  outcome=None, infra: bool = False, limit: int = 100) -> list[dict]:
+                  outcome=None, state=None, infra: bool = False,
+                  limit: int = 100) -> list[dict]:
     """Diagnosed runs whose job ended (or, without an end, was diagnosed) in [since, until),
     newest first."""
     when = "COALESCE(job_end, created_at)"
@@ -131,7 +132,8 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
         where.append(f"{when} < ?")
         args.append(until)
     for col, val in (("cluster", cluster), ("user", user), ("partition", partition),
-                     ("category", category), ("outcome", outcome)):
+                     ("category", category), ("outcome", outcome),
+                     ("UPPER(job_state)", state and state.upper())):
         if val:
             where.append(f"{col} = ?")
             args.append(val)
@@ -141,9 +143,40 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
         args += [node, node]
     if infra:
         where.append(INFRA_SQL)
-    sql = ("SELECT cluster, job_id, restart, user, partition, job_name, outcome, category, "
+    sql = ("SELECT cluster, job_id, restart, user, partition, job_name, job_state, outcome, "
+           "category, "
            f"culprit_node, culprit_gpu, culprit_rank, action_code, summary, {when} AS ended "
            f"FROM diagnoses WHERE {' AND '.join(where)} ORDER BY ended DESC, id DESC LIMIT ?")
+    try:
+        cur = conn.execute(sql, args + [limit])
+    except sqlite3.OperationalError as e:
+        raise UserError(f"cannot read {path}: {e}",
+                        "is it a sattrib database? run `sattrib demo` to create one") from None
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = False,
+                 cluster=None, limit: int = 20) -> list[dict]:
+    """Culprits of infrastructure faults since `since`, most often first (the dashboard's
+    hotspot pages, on the command line)."""
+    where = ["created_at >= ?", "outcome = 'attributed'", INFRA_SQL]
+    args: list = [since]
+    if cluster:
+        where.append("cluster = ?")
+        args.append(cluster)
+    if gpu:
+        where.append("culprit_gpu IS NOT NULL AND family IN ('gpu', 'nvlink')")
+        sql = ("SELECT culprit_node AS node, culprit_gpu AS gpu, count(*) AS failures, "
+               "group_concat(DISTINCT category) AS categories, max(created_at) AS last "
+               f"FROM diagnoses WHERE {' AND '.join(where)} GROUP BY culprit_node, culprit_gpu "
+               "ORDER BY failures DESC, node, gpu LIMIT ?")
+    else:
+        where.append("culprit_node IS NOT NULL")
+        sql = ("SELECT culprit_node AS node, count(*) AS failures, "
+               "count(DISTINCT culprit_gpu) AS gpus, group_concat(DISTINCT category) AS "
+               f"categories, max(created_at) AS last FROM diagnoses WHERE {' AND '.join(where)}"
+               " GROUP BY culprit_node ORDER BY failures DESC, node LIMIT ?")
     try:
         cur = conn.execute(sql, args + [limit])
     except sqlite3.OperationalError as e:

@@ -203,5 +203,15 @@ def test_list_filters_like_sacct(tmp_path):
     r = run("list", "--database", str(db), "-S", "2000-01-01")
     assert r.stdout.splitlines()[0].split()[:3] == ["ENDED", "(UTC)", "JOBID"]
     assert len(r.stdout.splitlines()) == 5
+    r = run("list", "--database", str(db), "-S", "2000-01-01", "-P")
+    assert r.stdout.splitlines()[0].startswith("ENDED (UTC)|JOBID|USER|PARTITION|STATE|")
+    r = run("hotspots", "-S", "2000-01-01", "--json", "--database", str(db))
+    hot = json.loads(r.stdout)
+    assert {h["node"] for h in hot} == {r["culprit_node"] for r in infra}
+    oom = next(r for r in everything if r["category"] == "cuda_oom")
+    assert oom["culprit_gpu"]
+    r = run("hotspots", "--gpu", "-S", "2000-01-01", "--json", "--database", str(db))
+    assert (oom["culprit_node"], oom["culprit_gpu"]) not in {
+        (h["node"], h["gpu"]) for h in json.loads(r.stdout)}       # a user's OOM: not the GPU's
     r = run("list", "--database", str(db), "-S", "last tuesday")
     assert r.returncode == 1 and "cannot read the time" in r.stderr and "hint:" in r.stderr
