@@ -34,6 +34,19 @@ def _short(text: str, n: int = 150) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+def _compress_sources(items: list) -> list:
+    """["gpu:node-01", "gpu:node-02", "scheduler:job"] -> ["gpu:node-[01-02]", "scheduler:job"]."""
+    by_kind: dict = {}
+    for it in items:
+        kind, _, node = it.partition(":")
+        by_kind.setdefault(kind, []).append(node)
+    out = []
+    for kind, nodes in by_kind.items():
+        named = [n for n in nodes if n]
+        out.append(f"{kind}:{compress(named)}" if named else kind)
+    return out
+
+
 def render(d: dict, cluster: str | None = None, run: tuple | None = None) -> str:
     """`cluster`: the cluster it is stored under; `run`: (n, of) for a job that ran several
     times."""
@@ -112,7 +125,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None) -> str
             out.append(f"  ... {len(syms) - MAX_SYMPTOMS} more kinds (--json shows all)")
     comp = d.get("completeness") or {}
     if comp.get("missing"):
-        miss = comp["missing"]
+        miss = _compress_sources(comp["missing"])
         out.append("Missing evidence: " + ", ".join(miss[:12]) +
                    (f" ... (+{len(miss) - 12})" if len(miss) > 12 else ""))
     notes = comp.get("notes") or []

@@ -93,6 +93,30 @@ def environment(settings) -> dict:
     return env
 
 
+def check_port(host: str, port: int) -> None:
+    """One clear line when the address is taken, rather than the web server's own report."""
+    import errno
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(f"cannot resolve serve_host {host!r}: {e.strerror}",
+                        "use an address such as 127.0.0.1 or 0.0.0.0") from None
+    fam, _, _, _, addr = infos[0]
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is already in use",
+                                "stop what listens there (ss -ltnp) or pick another with "
+                                "--port") from None
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror}",
+                            "pick another --host or --port") from None
+
+
 def serve(settings, root: bool = False) -> None:
     argv, _ = prepare(settings, root)
+    check_port(settings.serve_host, settings.serve_port)
     os.execve(argv[0], argv, environment(settings))

@@ -215,3 +215,25 @@ def test_list_filters_like_sacct(tmp_path):
         (h["node"], h["gpu"]) for h in json.loads(r.stdout)}       # a user's OOM: not the GPU's
     r = run("list", "--database", str(db), "-S", "last tuesday")
     assert r.returncode == 1 and "cannot read the time" in r.stderr and "hint:" in r.stderr
+
+
+def test_missing_evidence_is_hostlist_compressed():
+    from sattrib.render import render
+    d = {"job_id": "1", "outcome": "unattributed", "action": "collect", "rules_version": "r",
+         "engine_version": "e", "completeness": {"missing": [
+             "gpu:node-01", "gpu:node-02", "gpu:node-03", "kernel:node-02", "scheduler:job"]}}
+    line = next(ln for ln in render(d).splitlines() if ln.startswith("Missing evidence"))
+    assert line == "Missing evidence: gpu:node-[01-03], kernel:node-02, scheduler:job"
+
+
+def test_serve_on_a_busy_port_is_one_line(tmp_path):
+    import socket
+    assert run("demo", env={"SATTRIB_DATABASE": str(tmp_path / "d.db")}).returncode == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("serve", "--port", str(port), "--database", str(tmp_path / "d.db"))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[0] == f"sattrib: error: port {port} on 127.0.0.1 is already in use"
+    assert "Traceback" not in r.stderr
