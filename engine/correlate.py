@@ -119,8 +119,14 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             ident.setdefault("uuid", value)
         elif "serial" in what and value.isdigit() and set(value) != {"0"}:
             ident.setdefault("serial", value)
+    lone = _lone_task_failure(events, nodes)
     # Apply: fill node, GPU and time bounds that a single line could not know.
     for ev in events:
+        if ev.node is None and ev.rank is None and ev.line.doc in lone and \
+                ev.source == Source.stderr and FAMILY.get(ev.category) == "workload":
+            # One job-level stream without rank prefixes, and srun says one task failed: the
+            # program's own errors in it came from that task.
+            ev.node, ev.rank = lone[ev.line.doc]
         if ev.node is None:
             n = L.rank_node.get(ev.rank) if ev.rank in L.launcher_ranks else None
             n = n or _resolve_host(ev.caps.get("node"), nodes) or \
@@ -150,6 +156,28 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             if ev.hi is None or ev.hi > t:
                 ev.hi = t
     return L
+
+
+def _lone_task_failure(events: list[Event], nodes: set) -> dict:
+    """doc -> (node, rank or None) for a job-level file whose lines carry no rank and in which
+    srun reports exactly one task (or task range on one node) exiting with an error code."""
+    exits: dict = defaultdict(list)
+    ranked = set()
+    for ev in events:
+        if ev.line.node is None and ev.line.rank is not None:
+            ranked.add(ev.line.doc)
+        if ev.rule.decode == "srun_exit" and Tag.exit_code in ev.tags and ev.line.node is None:
+            exits[ev.line.doc].append(ev)
+    out = {}
+    for doc, evs in exits.items():
+        where = {(_resolve_host(e.caps.get("node"), nodes) or e.caps.get("node"),
+                  e.caps.get("tasks")) for e in evs}
+        if doc in ranked or len(where) != 1:
+            continue
+        node, tasks = where.pop()
+        if node and _PLAIN_HOST.match(node):
+            out[doc] = (node, int(tasks) if tasks and tasks.isdigit() else None)
+    return out
 
 
 _PLAIN_HOST = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")

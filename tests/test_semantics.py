@@ -214,3 +214,22 @@ def test_torchelastic_first_failure_yields_to_the_ranks_own_error(tmp_path, rule
                        "Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.15 GiB\n"
                        + ELASTIC.format(code="1")}, rules)
     assert d.root_cause.category.value == "cuda_oom"
+
+
+TRACE = ('Traceback (most recent call last):\n  File "/home/u/packed.py", line 118, in pack\n'
+         '    x = y[i]\nIndexError: list index out of range\n')
+
+
+def test_only_slurm_out_names_job_and_the_task_srun_saw_fail(tmp_path, rules):
+    d = run(tmp_path, {"slurm-8812245.out": TRACE +
+                       "srun: error: gn07: task 0: Exited with exit code 1\n"}, rules)
+    assert d.job_id == "8812245"
+    assert cause(d) == ("attributed", "application_error", "gn07") and d.root_cause.rank == 0
+
+
+def test_two_failing_tasks_on_two_nodes_place_no_unranked_error(tmp_path, rules):
+    d = run(tmp_path, {"slurm-8812245.out": TRACE +
+                       "srun: error: gn07: task 0: Exited with exit code 1\n"
+                       "srun: error: gn08: task 1: Exited with exit code 1\n"}, rules)
+    assert cause(d) == ("attributed", "application_error", None)     # not a guess between two
+    assert d.root_cause.rank is None
