@@ -82,7 +82,8 @@ def _action(inc: Incident, links: Links) -> tuple[str, Action]:
         return (f"reduce GPU memory use on {r} (batch size, sequence length, activation "
                 "checkpointing) or use more GPUs", Action.reduce_gpu_memory)
     if cat == Category.application_error:
-        r = f"rank {inc.rank(links)} on {node}" if inc.rank(links) is not None else node
+        r = (f"rank {inc.rank(links)} on {node}" if inc.rank(links) is not None
+             else inc.node or "the job")
         return f"fix the error raised by {r} (see the evidence) and resubmit", \
             Action.fix_application
     if cat == Category.software_incompat:
