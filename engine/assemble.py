@@ -2,6 +2,7 @@
 grouped symptoms, completeness and the explanation."""
 from __future__ import annotations
 
+import re
 import string
 from collections import Counter, defaultdict
 from typing import Optional
@@ -40,7 +41,14 @@ def _explain(ev: Event) -> str:
         text = _FMT.format(ev.rule.explain, **vals)
     except (ValueError, IndexError, KeyError, AttributeError):
         text = ev.rule.explain
+    # Say nothing rather than "?" about a rank or node that no line placed.
+    text = _UNPLACED_RANK.sub("a rank", text)
+    text = _UNPLACED_NODE.sub("", text)
     return " ".join(text.split())[:300]
+
+
+_UNPLACED_RANK = re.compile(r"\brank \?(?= on | raised|:|$)")
+_UNPLACED_NODE = re.compile(r" on \?(?=[\s:,;)]|$)")
 
 
 
