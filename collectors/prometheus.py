@@ -138,14 +138,20 @@ def _promql_string(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def queries(series: list[str], node_labels: list[str], nodes: list[str]) -> list[str]:
-    """One PromQL expression per series and batch of nodes: the series selected on any of the
-    node labels (`or` keeps each matching series once)."""
+def promql(name: str, node_labels: list[str], nodes: list[str]) -> str:
+    """The series `name` for these nodes, selected on any of the node labels (`or` keeps each
+    matching series once)."""
+    rx = _promql_string(_node_regex(nodes))
+    return " or ".join(f"{name}{{{lab}=~{rx}}}" for lab in node_labels)
+
+
+def queries(series: list[str], node_labels: list[str],
+            nodes: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(PromQL, series, its nodes): one query per series and batch of NODE_BATCH nodes."""
     out = []
     for i in range(0, len(nodes), NODE_BATCH):
-        rx = _promql_string(_node_regex(nodes[i:i + NODE_BATCH]))
-        for name in series:
-            out.append(" or ".join(f"{name}{{{lab}=~{rx}}}" for lab in node_labels))
+        batch = nodes[i:i + NODE_BATCH]
+        out += [(promql(name, node_labels, batch), name, batch) for name in series]
     return out
 
 
@@ -192,17 +198,22 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
     verify = st.prometheus_ca_file or True
     ui = redact_url(st.prometheus_ui_url or base)
 
-    def fail_all(rest: list[str], why: str) -> None:
-        for q in rest:
-            for n in nodes:
-                out.per_node[n].append({"query": q, "error": why})
+    # Each node's metrics.json names the query as it reads for that node alone (the batch's
+    # regular expression would repeat every node name in every node's file).
+    def own(name: str, n: str) -> str:
+        return promql(name, st.prometheus_node_labels, [n])
+
+    def fail_all(rest: list, why: str) -> None:
+        for _, name, batch in rest:
+            for n in batch:
+                out.per_node[n].append({"query": own(name, n), "error": why})
 
     if problem:
         fail_all(qs, "credentials not used: " + problem)
         out.notes.append(f"metrics: not fetched from {shown} ({problem})")
         return out
     with requests.Session() as s:
-        for i, q in enumerate(qs):
+        for i, (q, name, batch) in enumerate(qs):
             left = deadline - time.monotonic()
             if left < 0.2:
                 why = f"the connector's budget ({st.prometheus_budget_s:g}s) ran out"
@@ -237,16 +248,16 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
                     out.notes.append(f"metrics: Prometheus {shown}: {err}; "
                                      f"{len(qs) - i} of {len(qs)} queries not answered")
                     break
-                fail_all([q], f"Prometheus {shown}: {err}")
-                out.notes.append(f"metrics: query {q[:80]}... rejected: {err}")
+                fail_all([qs[i]], f"Prometheus {shown}: {err}")
+                out.notes.append(f"metrics: the query for {name} rejected: {err}")
                 continue
-            got: dict = {n: [] for n in nodes}
+            got: dict = {n: [] for n in batch}
             for series in (body.get("data") or {}).get("result") or []:
                 n = node_of(series.get("metric") or {}, st.prometheus_node_labels)
                 if n in got:
                     got[n].append(series)
-            for n in nodes:
-                out.per_node[n].append({"query": q, "result": got[n], "ui": ui,
+            for n in batch:
+                out.per_node[n].append({"query": own(name, n), "result": got[n], "ui": ui,
                                         "range": [lo, hi, step]})
     out.seconds = time.monotonic() - t0
     return out
@@ -379,7 +390,10 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
             metric = series.get("metric") or {}
             values = series.get("values") or ([series["value"]] if "value" in series else [])
             rng = e.get("range") if isinstance(e.get("range"), list) else [None, None, None]
-            s = summarize(name, values, *(rng[0], rng[2]) if len(rng) == 3 else (None, None))
+            lo, step = (rng[0], rng[2]) if len(rng) == 3 else (None, None)
+            if not isinstance(step, (int, float)) or not isinstance(lo, (int, float)):
+                lo, step = None, None
+            s = summarize(name, values, lo, step)
             if s is None:
                 continue
             lab = _labels(name, metric)
@@ -399,7 +413,9 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
                 t_lo, t_hi = float(values[0][0]), float(values[-1][0])
                 shown += " graph=" + graph_url(ui, q, t_lo, t_hi)
             out.append(Line(doc=doc, line=n, offset=0, source=source(name), node=node,
-                            rank=None, message=msg[:2000], shown=shown[:4000], ts=s["at"]))
+                            rank=None, message=msg[:2000], shown=shown[:4000],
+                            # it changed after the sample before: (at - step, at]
+                            ts=s["at"] - step if step else s["at"], ts_res=step or 1.0))
     if failed:
         out.append(Line(doc=doc, line=0, offset=0, source=Source.probe, node=node, rank=None,
                         message=f"probe={PROBE_NAME} source=metrics ok=false "

@@ -108,6 +108,7 @@ def test_xid79_seen_only_in_metrics_names_the_gpu(prom, tmp_path):
     saved = json.loads((folder / "gn-xid" / "metrics.json").read_text())
     assert {e["query"].split("{")[0] for e in saved} == set(prometheus.DEFAULT_SERIES)
     xid = [e for e in saved if e["query"].startswith("DCGM_FI_DEV_XID_ERRORS")][0]
+    assert "gn-xid" in xid["query"] and "gn-ecc2" not in xid["query"]    # this node's query
     assert len(xid["result"]) == 2 and all(
         r["metric"]["Hostname"] == "gn-xid" for r in xid["result"])
     # Batched: one query per series for all the job's nodes.
@@ -242,7 +243,8 @@ def test_a_1024_node_job_is_a_few_queries():
     nodes = [f"gpu-a{i:04d}" for i in range(1024)]
     qs = prometheus.queries(prometheus.DEFAULT_SERIES, ["Hostname", "instance"], nodes)
     assert len(qs) == 2 * len(prometheus.DEFAULT_SERIES)
-    assert 'Hostname=~"(?:gpu-a0000|' in qs[0] and '(?::[0-9]+)?"' in qs[0]
+    assert 'Hostname=~"(?:gpu-a0000|' in qs[0][0] and '(?::[0-9]+)?"' in qs[0][0]
+    assert {len(batch) for _, _, batch in qs} == {512}
     assert prometheus.node_of({"instance": "gpu-a0007:9100"}, ["Hostname", "instance"]) \
         == "gpu-a0007"
     assert prometheus._node_regex(["a.b"]) == "(?:a\\.b)(?::[0-9]+)?"
