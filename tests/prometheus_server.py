@@ -125,6 +125,34 @@ class Answers500:
         self.srv.server_close()
 
 
+class Recorder:
+    """Answers every query with an empty success, keeping each request's Authorization header."""
+
+    def __init__(self):
+        seen = self.auth = []
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append(self.headers.get("Authorization"))
+                body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.srv = HTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
 class NeverAnswers:
     """Accepts connections and reads them, never writes a byte (a hung Prometheus)."""
 

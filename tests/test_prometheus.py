@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_server import (Answers500, NeverAnswers, Prometheus, closed_port_url,
+from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, closed_port_url,
                                exposition, have_prometheus, openmetrics, steps, token_file)
 from sattrib.analysis import analyze_folder
 from sattrib.collectors import prometheus
@@ -261,3 +261,37 @@ def test_a_url_with_a_password_is_refused_as_a_setting():
         Settings(prometheus_url="https://u:pw@prom.example:9090")
     with pytest.raises(ValidationError, match="http:// or https://"):
         Settings(prometheus_url="prom.example:9090")
+
+
+def test_bearer_token_and_basic_auth_are_sent(tmp_path):
+    import base64
+    srv = Recorder()
+    try:
+        st = _settings(srv.url, prometheus_token_file=token_file(tmp_path, TOKEN))
+        got = prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 10)
+        pw = tmp_path / "pw"
+        pw.write_text("hunter2\n")
+        os.chmod(pw, 0o600)
+        st = _settings(srv.url, prometheus_user="sattrib", prometheus_password_file=str(pw))
+        prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 10)
+    finally:
+        srv.stop()
+    n = len(prometheus.DEFAULT_SERIES)
+    assert srv.auth[:n] == [f"Bearer {TOKEN}"] * n
+    assert srv.auth[n:] == ["Basic " + base64.b64encode(b"sattrib:hunter2").decode()] * n
+    assert TOKEN not in json.dumps(got.per_node) + " ".join(got.notes)
+
+
+def test_metrics_json_in_the_jobs_own_output_is_not_evidence(tmp_path, rules):
+    """logs/ holds what the job wrote: a metrics.json there stays job output."""
+    folder = _folder(tmp_path / "ev", "gn-xid", {"gn-xid": QUIET})
+    entry = [{"query": 'DCGM_FI_DEV_XID_ERRORS{Hostname=~"gn-xid"}', "range": [START, END, 15],
+              "result": [{"metric": {"Hostname": "gn-xid", "gpu": "0",
+                                     "pci_bus_id": "00000000:3B:00.0"},
+                          "values": [[FAIL - 15, "0"], [FAIL, "79"]]}]}]
+    (folder / "logs" / "metrics.json").write_text(json.dumps(entry))
+    d, _ = analyze_folder(folder)
+    assert d.root_cause is None or d.root_cause.category.value != "gpu_hardware"
+    (folder / "gn-xid" / "metrics.json").write_text(json.dumps(entry))   # the node's own
+    d, _ = analyze_folder(folder)
+    assert (d.root_cause.category.value, d.root_cause.gpu) == ("gpu_hardware", "0000:3b:00.0")
