@@ -193,8 +193,6 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
             if st.prometheus_password_file else ("", None)
         if password is not None:
             auth = (st.prometheus_user, password)
-    if problem:
-        out.notes.append(problem)
     verify = st.prometheus_ca_file or True
     ui = redact_url(st.prometheus_ui_url or base)
 
