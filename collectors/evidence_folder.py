@@ -19,7 +19,7 @@ from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
-from . import ibstat, nvidia_smi, probes_file, slurm_state
+from . import ibstat, nvidia_smi, probes_file, prometheus, slurm_state
 from .reader import Limits, SkipFile, open_regular, read_head, scan
 
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
@@ -58,6 +58,8 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
         return "rank_output", Source.stderr
     if name == probes_file.NAME:
         return "probe", Source.probe
+    if name == prometheus.METRICS_NAME:
+        return "metrics", Source.gpu
     smi = nvidia_smi.sniff(text)
     if smi:
         return "nvidia_smi:" + smi, Source.gpu
@@ -356,6 +358,14 @@ class FolderReader:
                 for n, ln in probes_file.parse(text).probe_lines:
                     bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
                                              node=node, rank=None, message=clean(ln)[:500]))
+                return
+            if kind == "metrics":          # Prometheus series saved by the collector
+                found, notes = prometheus.lines(os.pread(fd, STRUCTURED_CAP, 0).decode(
+                    "utf-8", "replace"), node, rel)
+                bundle.lines.extend(found)
+                bundle.notes.extend(notes)
+                if any(ln.source == Source.probe for ln in found):
+                    doc.kind = "metrics_failed"      # missing, said by its probe line
                 return
             if kind.startswith("nvidia_smi:") or kind == "ibstat":
                 text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")

@@ -211,7 +211,7 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
                "gpu" if kind.startswith("nvidia_smi") else
                "output" if kind == "rank_output" else
                "ib" if kind == "ibstat" else "dcgm" if kind == "dcgm" else
-               "probe" if kind == "probe" else None)
+               "probe" if kind == "probe" else "metrics" if kind == "metrics" else None)
         if src is None:
             continue
         if d.node:
@@ -220,7 +220,7 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
             job_level_output = True
     present, missing = [], []
     for n in nodes:
-        for src in ("kernel", "gpu", "output", "ib", "dcgm"):
+        for src in ("kernel", "gpu", "output", "ib", "dcgm", "metrics"):
             tag = f"{src}:{n}"
             if src in have[n]:
                 present.append(tag)

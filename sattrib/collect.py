@@ -343,6 +343,14 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
         (nd / probes_file.NAME).write_text(probes_file.render(
             snap.data.get("probes") or [], snap.trusted_by, snap.data.get("taken_at"),
             run.get("end_time")))
+    if st.prometheus_url:              # metrics for every node, with or without a snapshot
+        from .collectors import prometheus
+        from .engine.hostlist import expand
+        got = prometheus.fetch(st, expand(run.get("nodes") or ""), run.get("start_time"),
+                               run.get("end_time"), deadline)
+        prometheus.write_bundle(tmp, got)
+        notes.extend(got.notes)
+        log.info("metrics: %d queries in %.1fs", got.queries, got.seconds)
     # The job's own output (written by the user: read with care).
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
     logs = tmp / "logs"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import UserError
 
 from .paths import default_database as _default_database
+from .collectors.prometheus import DEFAULT_SERIES as _PROM_SERIES
 
 
 class Settings(BaseModel):
@@ -56,6 +57,21 @@ class Settings(BaseModel):
     keep_bundles_days: int = Field(30, ge=0)
     worker_deadline_s: float = Field(300.0, gt=0)  # the whole EpilogSlurmctld worker run
 
+    # -- metrics from Prometheus (EpilogSlurmctld worker and `sattrib collect`) ---------------
+    prometheus_url: str = ""                   # empty: metrics are not fetched
+    prometheus_ui_url: str = ""                # graph links in the evidence (default: the URL)
+    prometheus_timeout_s: float = Field(10.0, gt=0)
+    prometheus_budget_s: float = Field(60.0, gt=0)
+    prometheus_margin_s: float = Field(300.0, ge=0)
+    prometheus_step_s: int = Field(15, ge=1)
+    prometheus_token_file: str = ""            # bearer token; root-only (mode 0600)
+    prometheus_user: str = ""                  # basic auth
+    prometheus_password_file: str = ""         # root-only (mode 0600)
+    prometheus_ca_file: str = ""               # TLS: the CA bundle that signed the server
+    prometheus_node_labels: list[str] = Field(default_factory=lambda: [
+        "Hostname", "hostname", "node", "instance"])
+    prometheus_series: list[str] = Field(default_factory=lambda: list(_PROM_SERIES))
+
     # -- dashboard ---------------------------------------------------------------------------
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(8001, ge=1, le=65535)
@@ -65,6 +81,20 @@ class Settings(BaseModel):
     serve_evidence_text: Literal["admins", "all", "none"] = "admins"
     serve_admins: list[str] = Field(default_factory=lambda: ["root"])
     serve_trusted_user_header: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9-]*)?$")
+
+    @field_validator("prometheus_url", "prometheus_ui_url")
+    @classmethod
+    def _plain_url(cls, url: str) -> str:
+        from urllib.parse import urlsplit
+        if not url:
+            return url
+        p = urlsplit(url)
+        if p.scheme not in ("http", "https") or not p.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        if p.username or p.password:
+            raise ValueError("must not carry a user or password (it would be shown and "
+                             "logged): use prometheus_user and prometheus_password_file")
+        return url
 
     @field_validator("timezone")
     @classmethod

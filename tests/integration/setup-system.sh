@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages the integration tests start for real: Slurm, munge,
 # systemd-journal-remote (journal files), Chromium (the dashboard browser test), acl (setfacl:
-# the job's user is granted read on their own evidence bundle).
+# the job's user is granted read on their own evidence bundle), Prometheus (promtool backfills
+# recorded exporter samples into a TSDB the metrics tests serve).
 #
 # Idempotent and quick when everything is already present (no apt-get call at
 # all in that case).  Does NOT start any service: there is no systemd PID 1 on
@@ -11,7 +12,7 @@
 # Usage:  sudo bash tests/integration/setup-system.sh
 set -euo pipefail
 
-PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core acl)
+PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core acl prometheus)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup-system.sh: must run as root" >&2

@@ -1,0 +1,424 @@
+"""Metrics as evidence: dcgm-exporter and node_exporter series from a site's Prometheus.
+
+Two halves, like the other collectors:
+
+- `fetch(settings, nodes, start, end, deadline)`: range queries over `/api/v1/query_range` for
+  the job's nodes and window (start minus `prometheus_margin_s` to end plus it). One query per
+  series for every node at once (nodes are batched into a regular expression on the node
+  labels), so a 1,024-node job costs a few dozen requests. Every request has a timeout, the
+  whole fetch a budget; a Prometheus that is down, slow or erroring leaves error entries (the
+  reader turns them into `metrics:<node>` missing), never an exception.
+- `lines(text, node, doc, ui_url)`: pure, `<node>/metrics.json` -> one synthetic evidence line
+  per series that changed inside the window, which the rules in engine/rules/metrics/ read:
+
+      DCGM_FI_DEV_XID_ERRORS{gpu="3",pci_bus_id="00000000:9A:00.0"} xid=79 at=2026-...Z start=0 end=79
+      DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="0",pci_bus_id="..."} increase=2 start=0 end=2 at=... resets=0
+      node_infiniband_link_downed_total{device="mlx5_0",port="1"} increase=1 start=3 end=4 at=...
+      DCGM_FI_DEV_GPU_TEMP{gpu="1",pci_bus_id="..."} change=+21 start=70 end=91 max=91 at=...
+
+`<node>/metrics.json` (the bundle contract): a list of {"query": PromQL, "result": the API's
+`data.result` restricted to that node, "ui": the Prometheus UI for graph links} or {"query":
+PromQL, "error": why it was not fetched}.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from ..engine.models import Line
+from ..engine.taxonomy import Source
+
+METRICS_NAME = "metrics.json"
+PROBE_NAME = "prometheus"
+NODE_BATCH = 512           # nodes per query: a regular expression of a few kilobytes
+MAX_POINTS = 600           # per series and query: the step grows with the window
+
+# dcgm-exporter (etc/default-counters.csv) and node_exporter (collector/infiniband_linux.go)
+# names. ECC DBE and NVLink CRC/replay are commented out in dcgm-exporter's default counters
+# file: a site that enables them gets them; when absent they are missing, not healthy.
+DEFAULT_SERIES = [
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "node_infiniband_link_downed_total",
+    "node_infiniband_symbol_error_total",
+    "node_infiniband_port_errors_received_total",
+    "node_infiniband_link_error_recovery_total",
+]
+# How a series is read: counters by their increase, gauges by their change, the Xid gauge by
+# its last value and time. Names not listed: `*_total` and `*_COUNTER` are counters.
+_GAUGES = {"DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP",
+           "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "node_infiniband_state_id",
+           "node_infiniband_physical_state_id", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+           "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"}
+_COUNTERS = {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+             "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION",
+             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+             "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_PENDING"}
+XID_SERIES = "DCGM_FI_DEV_XID_ERRORS"
+# Labels that are plumbing, not evidence (left out of the line, kept in metrics.json).
+_QUIET_LABELS = {"__name__", "job", "DCGM_FI_DRIVER_VERSION", "modelName",
+                 "Hostname", "hostname", "instance", "node", "UUID", "err_msg"}
+
+
+def kind(name: str) -> str:
+    if name == XID_SERIES:
+        return "xid"
+    if name in _GAUGES:
+        return "gauge"
+    if name in _COUNTERS or name.endswith(("_total", "_COUNTER", "_TOTAL")):
+        return "counter"
+    return "gauge"
+
+
+def source(name: str) -> Source:
+    return Source.ib if name.startswith("node_infiniband") else Source.gpu
+
+
+# -- fetching ---------------------------------------------------------------------------------
+@dataclass
+class Fetched:
+    per_node: dict = field(default_factory=dict)     # node -> [{"query", "result"|"error"}]
+    notes: list = field(default_factory=list)
+    queries: int = 0
+    seconds: float = 0.0
+
+
+def redact_url(url: str) -> str:
+    """The URL without a user:password part (it goes into notes and logs)."""
+    p = urlsplit(url)
+    if p.username or p.password:
+        host = p.hostname or ""
+        if p.port:
+            host += f":{p.port}"
+        return urlunsplit((p.scheme, host, p.path, p.query, p.fragment))
+    return url
+
+
+def read_secret(path: str, what: str) -> tuple[Optional[str], Optional[str]]:
+    """(secret, None) or (None, why it is not used). A secret file must be a regular file owned
+    by root or by the user running sattrib, with no access for group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return None, f"{what} {path}: cannot open ({e.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{what} {path}: not a regular file; not used"
+        if st.st_uid not in (0, os.geteuid()):
+            return None, f"{what} {path}: owned by uid {st.st_uid}, not root; not used"
+        if st.st_mode & 0o077:
+            return None, (f"{what} {path}: readable or writable by group or others "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}); not used (chmod 600 it)")
+        return os.read(fd, 4096).decode("utf-8", "replace").strip(), None
+    finally:
+        os.close(fd)
+
+
+def _node_regex(nodes: list[str]) -> str:
+    """An RE2 alternation of the node names, an optional `:port` (the `instance` label)."""
+    alts = "|".join("".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in n) for n in nodes)
+    return f"(?:{alts})(?::[0-9]+)?"
+
+
+def _promql_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def promql(name: str, node_labels: list[str], nodes: list[str]) -> str:
+    """The series `name` for these nodes, selected on any of the node labels (`or` keeps each
+    matching series once)."""
+    rx = _promql_string(_node_regex(nodes))
+    return " or ".join(f"{name}{{{lab}=~{rx}}}" for lab in node_labels)
+
+
+def queries(series: list[str], node_labels: list[str],
+            nodes: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(PromQL, series, its nodes): one query per series and batch of NODE_BATCH nodes."""
+    out = []
+    for i in range(0, len(nodes), NODE_BATCH):
+        batch = nodes[i:i + NODE_BATCH]
+        out += [(promql(name, node_labels, batch), name, batch) for name in series]
+    return out
+
+
+def node_of(metric: dict, node_labels: list[str]) -> Optional[str]:
+    for lab in node_labels:
+        v = metric.get(lab)
+        if v:
+            host = v.rsplit(":", 1)[0] if v.rsplit(":", 1)[-1].isdigit() else v
+            return host
+    return None
+
+
+def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
+          deadline: float) -> Fetched:
+    """Never raises: what could not be fetched is an error entry for every node."""
+    import requests
+
+    t0 = time.monotonic()
+    out = Fetched(per_node={n: [] for n in nodes})
+    base = st.prometheus_url.rstrip("/")
+    shown = redact_url(base)
+    deadline = min(deadline, t0 + st.prometheus_budget_s)
+    if end is None:
+        end = time.time()
+    if start is None:
+        start = end - st.journal_lookback_s
+    lo, hi = start - st.prometheus_margin_s, end + st.prometheus_margin_s
+    step = max(st.prometheus_step_s, math.ceil((hi - lo) / MAX_POINTS))
+    qs = queries(st.prometheus_series, st.prometheus_node_labels, nodes)
+    headers = {"Accept": "application/json"}
+    auth = None
+    problem = None
+    if st.prometheus_token_file:
+        token, problem = read_secret(st.prometheus_token_file, "prometheus_token_file")
+        if token:
+            headers["Authorization"] = "Bearer " + token
+    elif st.prometheus_user:
+        password, problem = read_secret(st.prometheus_password_file, "prometheus_password_file") \
+            if st.prometheus_password_file else ("", None)
+        if password is not None:
+            auth = (st.prometheus_user, password)
+    verify = st.prometheus_ca_file or True
+    ui = redact_url(st.prometheus_ui_url or base)
+
+    # Each node's metrics.json names the query as it reads for that node alone (the batch's
+    # regular expression would repeat every node name in every node's file).
+    def own(name: str, n: str) -> str:
+        return promql(name, st.prometheus_node_labels, [n])
+
+    def fail_all(rest: list, why: str) -> None:
+        for _, name, batch in rest:
+            for n in batch:
+                out.per_node[n].append({"query": own(name, n), "error": why})
+
+    if problem:
+        fail_all(qs, "credentials not used: " + problem)
+        out.notes.append(f"metrics: not fetched from {shown} ({problem})")
+        return out
+    with requests.Session() as s:
+        for i, (q, name, batch) in enumerate(qs):
+            left = deadline - time.monotonic()
+            if left < 0.2:
+                why = f"the connector's budget ({st.prometheus_budget_s:g}s) ran out"
+                fail_all(qs[i:], why)
+                out.notes.append(f"metrics: {len(qs) - i} of {len(qs)} queries to {shown} "
+                                 f"not made: {why}")
+                break
+            out.queries += 1
+            err = None
+            try:
+                r = s.post(base + "/api/v1/query_range", headers=headers, auth=auth,
+                           verify=verify, allow_redirects=False,
+                           data={"query": q, "start": f"{lo:.3f}", "end": f"{hi:.3f}",
+                                 "step": f"{step}"},
+                           timeout=(min(st.prometheus_timeout_s, left),
+                                    min(st.prometheus_timeout_s, left)))
+                body = r.json() if r.headers.get("Content-Type", "").startswith(
+                    "application/json") else None
+                if r.status_code != 200 or not isinstance(body, dict) \
+                        or body.get("status") != "success":
+                    msg = body.get("error") if isinstance(body, dict) else None
+                    err = f"HTTP {r.status_code}" + (f": {str(msg)[:200]}" if msg else "")
+            except requests.Timeout:
+                err = f"no answer within {min(st.prometheus_timeout_s, left):g}s"
+            except requests.RequestException as e:
+                err = f"cannot reach it ({type(e).__name__})"
+            except ValueError:
+                err = "the answer is not valid JSON"
+            if err is not None:
+                if not err.startswith(("HTTP 400", "HTTP 422")):   # down, refusing or failing
+                    fail_all(qs[i:], f"Prometheus {shown}: {err}")
+                    out.notes.append(f"metrics: Prometheus {shown}: {err}; "
+                                     f"{len(qs) - i} of {len(qs)} queries not answered")
+                    break
+                fail_all([qs[i]], f"Prometheus {shown}: {err}")
+                out.notes.append(f"metrics: the query for {name} rejected: {err}")
+                continue
+            got: dict = {n: [] for n in batch}
+            for series in (body.get("data") or {}).get("result") or []:
+                n = node_of(series.get("metric") or {}, st.prometheus_node_labels)
+                if n in got:
+                    got[n].append(series)
+            for n in batch:
+                out.per_node[n].append({"query": own(name, n), "result": got[n], "ui": ui,
+                                        "range": [lo, hi, step]})
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def write_bundle(root, fetched: Fetched) -> None:
+    """`<node>/metrics.json` for every node asked about (a node folder is made for a node that
+    sent no snapshot: its metrics may be the only evidence left)."""
+    for node, entries in sorted(fetched.per_node.items()):
+        if not node or "/" in node or node.startswith((".", "_")) or node in (
+                "slurm", "logs"):
+            continue                  # not a folder name the bundle layout allows
+        d = os.path.join(root, node)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, METRICS_NAME), "w", encoding="utf-8") as f:
+            f.write(json.dumps(entries, separators=(",", ":")) + "\n")
+
+
+# -- reading ----------------------------------------------------------------------------------
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _labels(name: str, metric: dict) -> str:
+    # dcgm-exporter's `device` is the device file (nvidia0); node_exporter's is the HCA.
+    quiet = _QUIET_LABELS | ({"device"} if name.startswith("DCGM_") else set())
+    keep = {k: v for k, v in metric.items() if k not in quiet}
+    order = sorted(keep, key=lambda k: (k not in ("gpu", "pci_bus_id", "device", "port"), k))
+    return "{" + ",".join(f'{k}="{keep[k]}"' for k in order) + "}"
+
+
+def _num(v) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
+def graph_url(ui_url: str, query: str, lo: float, hi: float) -> str:
+    """The Prometheus graph of `query` over [lo, hi] (the classic /graph page's parameters)."""
+    params = {"g0.expr": query, "g0.tab": "0", "g0.range_input": f"{max(int(hi - lo), 60)}s",
+              "g0.end_input": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(hi))}
+    return ui_url.rstrip("/") + "/graph?" + urlencode(params)
+
+
+def summarize(name: str, values: list, lo: Optional[float] = None,
+              step: Optional[float] = None) -> Optional[dict]:
+    """What a series did inside the window [lo, ...] queried at `step`, or None when it did
+    nothing worth a line. Counters: the increase, resets handled (after a drop, the count starts
+    again from the new value, as Prometheus's increase() does). Gauges: the change from start
+    to end. Xid: the last non-zero value and when it appeared; a value already there when the
+    window opened is an Xid from before the job, not this job's."""
+    pts = []
+    for t, v in values:
+        try:
+            pts.append((float(t), float(v)))
+        except (TypeError, ValueError):
+            continue
+    pts = [(t, v) for t, v in pts if not math.isnan(v)]
+    if not pts:
+        return None
+    k = kind(name)
+    first, last = pts[0][1], pts[-1][1]
+    if k == "counter":
+        inc, resets, at = 0.0, 0, None
+        for (_, a), (t, b) in zip(pts, pts[1:]):
+            d = b - a if b >= a else b
+            if b < a:
+                resets += 1
+            if d > 0:
+                inc += d
+                at = at or t
+        if inc <= 0:
+            return None
+        return {"kind": k, "increase": inc, "start": first, "end": last, "at": at,
+                "resets": resets}
+    if k == "xid":
+        at, code = None, None
+        # A series that starts inside the window (dcgm-exporter's err_code label makes a new
+        # series per Xid) appeared then; one there from the start has no change to show.
+        appeared = lo is not None and step is not None and pts[0][0] > lo + 2 * step
+        before = [(pts[0][0], 0.0)] if appeared else [pts[0]]
+        for (_, a), (t, b) in zip(before + pts, pts):
+            if b != a and b > 0:
+                at, code = t, b
+        if code is None:
+            return None
+        return {"kind": k, "xid": code, "start": first, "end": last, "at": at}
+    at = None
+    for (_, a), (t, b) in zip(pts, pts[1:]):
+        if b != a:
+            at = at or t
+    if at is None:
+        return None
+    return {"kind": k, "change": last - first, "start": first, "end": last,
+            "max": max(v for _, v in pts), "at": at}
+
+
+def _series_name(query: str) -> str:
+    return query.split("{", 1)[0].strip()
+
+
+def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line], list[str]]:
+    """Pure: `<node>/metrics.json` -> (evidence lines, notes). An error entry becomes a
+    `probe=prometheus ... ok=false` line (the `probe.failed` rule makes it `metrics:<node>`
+    missing); a series absent for the node is a note."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return [], [f"{doc}: not valid JSON; metrics ignored"]
+    if not isinstance(entries, list):
+        return [], [f"{doc}: not a list of queries; metrics ignored"]
+    out: list[Line] = []
+    notes: list[str] = []
+    failed = None
+    absent = []
+    for n, e in enumerate(entries, 1):
+        if not isinstance(e, dict) or not isinstance(e.get("query"), str):
+            continue
+        q = e["query"]
+        name = _series_name(q)
+        if "error" in e:
+            failed = failed or str(e["error"])[:300]
+            continue
+        result = e.get("result")
+        if not isinstance(result, list):
+            continue
+        if not result:
+            absent.append(name)
+        for series in result:
+            if not isinstance(series, dict):
+                continue
+            metric = series.get("metric") or {}
+            values = series.get("values") or ([series["value"]] if "value" in series else [])
+            rng = e.get("range") if isinstance(e.get("range"), list) else [None, None, None]
+            lo, step = (rng[0], rng[2]) if len(rng) == 3 else (None, None)
+            if not isinstance(step, (int, float)) or not isinstance(lo, (int, float)):
+                lo, step = None, None
+            s = summarize(name, values, lo, step)
+            if s is None:
+                continue
+            lab = _labels(name, metric)
+            if s["kind"] == "counter":
+                body = (f"increase={_num(s['increase'])} start={_num(s['start'])} "
+                        f"end={_num(s['end'])} at={_iso(s['at'])} resets={s['resets']}")
+            elif s["kind"] == "xid":
+                body = (f"xid={_num(s['xid'])} at={_iso(s['at'])} start={_num(s['start'])} "
+                        f"end={_num(s['end'])}")
+            else:
+                body = (f"change={s['change']:+g} start={_num(s['start'])} "
+                        f"end={_num(s['end'])} max={_num(s['max'])} at={_iso(s['at'])}")
+            msg = f"{name}{lab} {body}"
+            shown = msg
+            ui = ui_url or (e.get("ui") if isinstance(e.get("ui"), str) else "")
+            if ui.startswith(("http://", "https://")) and values:
+                t_lo, t_hi = float(values[0][0]), float(values[-1][0])
+                shown += " graph=" + graph_url(ui, q, t_lo, t_hi)
+            out.append(Line(doc=doc, line=n, offset=0, source=source(name), node=node,
+                            rank=None, message=msg[:2000], shown=shown[:4000],
+                            # it changed after the sample before: (at - step, at]
+                            ts=s["at"] - step if step else s["at"], ts_res=step or 1.0))
+    if failed:
+        out.append(Line(doc=doc, line=0, offset=0, source=Source.probe, node=node, rank=None,
+                        message=f"probe={PROBE_NAME} source=metrics ok=false "
+                                f"reason={failed} seconds=0"))
+    if absent:
+        notes.append(f"{node}: no Prometheus series for {', '.join(sorted(set(absent)))} "
+                     "(not exported for this node: missing, not healthy)")
+    return out, notes

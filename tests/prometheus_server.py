@@ -1,0 +1,191 @@
+"""A real Prometheus for the tests: recorded exporter series backfilled into a fresh TSDB with
+`promtool tsdb create-blocks-from openmetrics`, then `prometheus` serving it on a free loopback
+port. Also the two broken servers a connector must survive: one that answers 500, one that
+accepts and never answers."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import requests
+
+DATA = Path(__file__).parent / "data" / "prometheus"
+STEP = 15
+
+
+def exposition() -> dict[str, str]:
+    """Recorded series (tests/data/prometheus/exposition.txt), by metric name (the first
+    line of each name; the Xid series with err_code under the key `xid79`)."""
+    out: dict[str, str] = {}
+    for ln in (DATA / "exposition.txt").read_text().splitlines():
+        if not ln or ln.startswith("#"):
+            continue
+        key = "xid79" if 'err_code="79"' in ln else ln.split("{", 1)[0]
+        out.setdefault(key, ln)
+    return out
+
+
+def openmetrics(samples: list[tuple[str, str, list[tuple[float, float]]]]) -> str:
+    """(series template, node, [(t, value)]) -> OpenMetrics text for promtool."""
+    lines = []
+    for template, node, points in samples:
+        series = template.replace("{node}", node)
+        lines += [f"{series} {v:g} {t:.3f}" for t, v in points]
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def steps(lo: float, hi: float, value) -> list[tuple[float, float]]:
+    """A sample every STEP seconds over [lo, hi]; `value(t)` gives each one."""
+    out, t = [], lo
+    while t <= hi:
+        out.append((t, float(value(t))))
+        t += STEP
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    def __init__(self, tmp: Path, text: str):
+        self.dir = tmp
+        self.data = tmp / "tsdb"
+        self.data.mkdir(parents=True)
+        (tmp / "samples.om").write_text(text)
+        r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
+                            str(tmp / "samples.om"), str(self.data)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.data}", "--storage.tsdb.retention.time=20y",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError("prometheus did not start: " +
+                                     (tmp / "prometheus.log").read_text()[-2000:])
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+def have_prometheus() -> bool:
+    return bool(shutil.which("prometheus") and shutil.which("promtool"))
+
+
+class Answers500:
+    """An HTTP server on a free loopback port that answers every request 500."""
+
+    def __init__(self):
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.send_response(500)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(b"internal error\n")
+            do_GET = do_POST
+
+            def log_message(self, *a):
+                pass
+        self.srv = HTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+class Recorder:
+    """Answers every query with an empty success, keeping each request's Authorization header."""
+
+    def __init__(self):
+        seen = self.auth = []
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append(self.headers.get("Authorization"))
+                body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.srv = HTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+class NeverAnswers:
+    """Accepts connections and reads them, never writes a byte (a hung Prometheus)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns = []
+        self.stopping = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self.stopping:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+
+    def stop(self):
+        self.stopping = True
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def closed_port_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def token_file(tmp: Path, token: str, mode: int = 0o600) -> str:
+    p = tmp / "prom.token"
+    p.write_text(token + "\n")
+    os.chmod(p, mode)
+    return str(p)

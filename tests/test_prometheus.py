@@ -1,0 +1,297 @@
+"""Metrics as evidence: the Prometheus connector against a real Prometheus (Debian's package,
+started here on a free loopback port with recorded exporter series backfilled into its TSDB),
+the bundle's `<node>/metrics.json`, and the diagnosis the rules in engine/rules/metrics/ give
+from it. Also the pure half (counter resets, a stale Xid, batching) without any server."""
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, closed_port_url,
+                               exposition, have_prometheus, openmetrics, steps, token_file)
+from sattrib.analysis import analyze_folder
+from sattrib.collectors import prometheus
+from sattrib.config import Settings
+
+# The job ran [START, END]; the fault came at FAIL. Recent times: the worker test below runs
+# the real controller code path, which takes the job's times from (recorded) scontrol text.
+END = float(int(time.time()) // 60 * 60 - 120)
+START = END - 1200
+FAIL = END - 300
+LO, HI = START - 900, END + 400        # what the recorded exporters sampled
+TOKEN = "s3cr3t-bearer-7f1c2a9e"
+
+
+def _samples():
+    x = exposition()
+    up_at = lambda before, after: (lambda t: before if t < FAIL else after)  # noqa: E731
+    s = []
+    # Xid 79 seen only by dcgm-exporter: the node died, its journal is gone.
+    s.append((x["DCGM_FI_DEV_XID_ERRORS"], "gn-xid", steps(LO, HI, up_at(0, 79))))
+    s.append((x["xid79"], "gn-xid", steps(FAIL, HI, lambda t: 79)))
+    # Double-bit ECC errors during the job.
+    s.append((x["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"], "gn-ecc", steps(LO, HI, up_at(0, 2))))
+    # One IB link went down on one node.
+    s.append((x["node_infiniband_link_downed_total"], "gn-ib", steps(LO, HI, up_at(3, 4))))
+    # k2 (the worker test): Xid 79, no snapshot.
+    s.append((x["DCGM_FI_DEV_XID_ERRORS"], "k2", steps(LO, HI, up_at(0, 79))))
+    # A counter reset (driver reload: volatile ECC counts start again at 0) and an Xid left
+    # from an earlier job: neither is this job's fault.
+    s.append((x["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"], "gn-reset", steps(LO, HI, up_at(5, 0))))
+    s.append((x["DCGM_FI_DEV_XID_ERRORS"], "gn-reset", steps(LO, HI, lambda t: 79)))
+    for node in ("gn-xid", "gn-ecc", "gn-ib", "gn-reset", "k1", "k2"):
+        s.append((x["DCGM_FI_DEV_GPU_TEMP"], node, steps(LO, HI, lambda t: 64)))
+        s.append((x["node_infiniband_state_id"], node, steps(LO, HI, lambda t: 4)))
+    return s
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    if not have_prometheus():
+        pytest.skip("prometheus / promtool not installed (tests/integration/setup-system.sh "
+                    "installs Debian's prometheus package)")
+    p = Prometheus(tmp_path_factory.mktemp("prom"), openmetrics(_samples()))
+    yield p
+    p.stop()
+
+
+def _iso(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+
+
+def _folder(root: Path, nodes: str, journal: dict) -> Path:
+    (root / "slurm").mkdir(parents=True)
+    (root / "slurm" / "job.txt").write_text(
+        f"JobId=9100 JobName=pretrain\n   UserId=alice(41001) GroupId=ml(5000)\n"
+        f"   JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 Restarts=0\n"
+        f"   StartTime={_iso(START)} EndTime={_iso(END)}\n   Partition=gpu\n"
+        f"   NodeList={nodes}\n")
+    (root / "logs").mkdir()
+    (root / "logs" / "slurm-9100.out").write_text(
+        "[rank0]: RuntimeError: NCCL communicator was aborted on rank 0\n")
+    for node, text in journal.items():
+        (root / node).mkdir()
+        (root / node / "journal.log").write_text(text)
+    return root
+
+
+def _settings(url, **kw):
+    return Settings(prometheus_url=url, prometheus_timeout_s=kw.pop("timeout", 5.0),
+                    prometheus_budget_s=kw.pop("budget", 20.0), **kw)
+
+
+def _diagnose_with_metrics(tmp_path, st, nodes, journal=None):
+    folder = _folder(tmp_path / "ev", ",".join(nodes), journal or {})
+    got = prometheus.fetch(st, nodes, START, END, time.monotonic() + 60)
+    prometheus.write_bundle(folder, got)
+    d, _ = analyze_folder(folder)
+    return d, got, folder
+
+
+QUIET = f"{time.strftime('%b %d %H:%M:%S', time.gmtime(START + 60))} gn-x kernel: hrtimer ok\n"
+
+
+@pytest.mark.prometheus
+def test_xid79_seen_only_in_metrics_names_the_gpu(prom, tmp_path):
+    # gn-xid's journal rotated (nothing about the GPU in it); the other node is healthy.
+    d, got, folder = _diagnose_with_metrics(tmp_path, _settings(prom.url), ["gn-xid", "gn-ecc2"],
+                                            {"gn-xid": QUIET})
+    root = d.root_cause
+    assert (root.category.value, root.node, root.gpu) == ("gpu_hardware", "gn-xid",
+                                                         "0000:3b:00.0")
+    ev = json.dumps(d.model_dump(mode="json"))
+    assert "DCGM_FI_DEV_XID_ERRORS" in ev and "xid=79" in ev and "graph=" in ev
+    assert "metrics:gn-xid" in d.completeness.present
+    saved = json.loads((folder / "gn-xid" / "metrics.json").read_text())
+    assert {e["query"].split("{")[0] for e in saved} == set(prometheus.DEFAULT_SERIES)
+    xid = [e for e in saved if e["query"].startswith("DCGM_FI_DEV_XID_ERRORS")][0]
+    assert "gn-xid" in xid["query"] and "gn-ecc2" not in xid["query"]    # this node's query
+    assert len(xid["result"]) == 2 and all(
+        r["metric"]["Hostname"] == "gn-xid" for r in xid["result"])
+    # Batched: one query per series for all the job's nodes.
+    assert got.queries == len(prometheus.DEFAULT_SERIES)
+    # Replay: the bundle alone gives the same diagnosis, with no Prometheus involved.
+    prom_url = prom.url
+    again, _ = analyze_folder(folder)
+    assert again.root_cause.model_dump() == root.model_dump()
+    assert prom_url not in json.dumps([n for n in again.completeness.notes])
+
+
+@pytest.mark.prometheus
+def test_ecc_dbe_increase_is_gpu_memory(prom, tmp_path):
+    d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), ["gn-ecc"],
+                                     {"gn-ecc": QUIET})
+    assert (d.root_cause.category.value, d.root_cause.node, d.root_cause.gpu) == (
+        "gpu_memory_ecc", "gn-ecc", "0000:5d:00.0")
+
+
+@pytest.mark.prometheus
+def test_ib_link_downed_on_one_node(prom, tmp_path):
+    d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), ["gn-ib", "gn-ok"],
+                                     {"gn-ib": QUIET})
+    assert (d.root_cause.category.value, d.root_cause.node) == ("network_ib", "gn-ib")
+    assert "mlx5_0/1" in json.dumps(d.model_dump(mode="json"))
+
+
+@pytest.mark.prometheus
+def test_counter_reset_and_stale_xid_are_not_faults(prom, tmp_path):
+    d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), ["gn-reset"],
+                                     {"gn-reset": QUIET})
+    cats = {c.category.value for c in [d.root_cause] + list(d.candidates or []) if c}
+    assert not cats & {"gpu_memory_ecc", "gpu_hardware"}, cats
+    # The ECC counter's series is there (absent series are named in the notes).
+    assert not any("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in n and "gn-reset" in n
+                   for n in d.completeness.notes)
+    assert any("gn-reset: no Prometheus series for" in n and "DCGM_FI_DEV_NVLINK" in n
+               for n in d.completeness.notes)
+
+
+@pytest.mark.parametrize("server", ["closed", "500", "hang"])
+@pytest.mark.prometheus
+def test_prometheus_down_erroring_or_hanging_leaves_metrics_missing(server, tmp_path):
+    srv = None
+    if server == "closed":
+        url = closed_port_url()
+    else:
+        srv = Answers500() if server == "500" else NeverAnswers()
+        url = srv.url
+    try:
+        st = _settings(url, timeout=1.0, budget=3.0)
+        t0 = time.monotonic()
+        d, got, folder = _diagnose_with_metrics(tmp_path, st, ["gn-xid", "gn-ecc"],
+                                                {"gn-xid": QUIET})
+        assert time.monotonic() - t0 < 3.0 + 5
+        assert got.queries == 1                  # the first failure stops the asking
+    finally:
+        if srv:
+            srv.stop()
+    assert {"metrics:gn-xid", "metrics:gn-ecc"} <= set(d.completeness.missing)
+    why = {"closed": "cannot reach it", "500": "HTTP 500", "hang": "no answer within 1s"}[server]
+    assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
+    assert d.root_cause is None or d.root_cause.category.value not in ("gpu_hardware",)
+
+
+@pytest.mark.prometheus
+def test_worker_saves_metrics_and_diagnoses_a_node_that_sent_nothing(prom, tmp_path,
+                                                                    monkeypatch, caplog):
+    """The EpilogSlurmctld worker's own code path: no node snapshot at all (k2 died), the Xid
+    is in Prometheus only; the bearer token is sent but never written anywhere."""
+    from test_collect import _fake_slurm
+    from sattrib.collect import collect_job
+    from sattrib.collectors import slurm_env
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slurm-8801.out").write_text("[rank1]: RuntimeError: CUDA error: unspecified "
+                                         "launch failure\n")
+    _fake_slurm(monkeypatch, END, work)             # the job ran END-600 .. END
+    st = Settings(cluster="kc", database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
+                  spool_dir=str(tmp_path / "spool"), spool_auth="owner", collect_wait_s=0.5,
+                  prometheus_url=prom.url, prometheus_token_file=token_file(tmp_path, TOKEN),
+                  prometheus_ui_url="https://prometheus.example.org")
+    env = slurm_env.from_env({"SLURM_JOB_ID": "8801", "SLURM_JOB_EXIT_CODE": "256",
+                              "SLURM_JOB_EXIT_CODE2": "1:0", "SLURM_JOB_NODELIST": "k[1-2]",
+                              "SLURM_CLUSTER_NAME": "kc", "SLURM_JOB_RESTART_COUNT": "0"})
+    caplog.set_level(logging.DEBUG)
+    out = collect_job("8801", st, env_job=env)
+    d = out.diagnosis
+    assert (d.root_cause.category.value, d.root_cause.node, d.root_cause.gpu) == (
+        "gpu_hardware", "k2", "0000:3b:00.0")
+    assert (out.bundle / "k2" / "metrics.json").is_file()
+    assert "https://prometheus.example.org/graph?" in json.dumps(d.model_dump(mode="json"))
+    written = "".join(p.read_text(errors="replace") for p in out.bundle.rglob("*")
+                      if p.is_file())
+    assert TOKEN not in written and TOKEN not in caplog.text
+    assert TOKEN not in Path(st.database).read_bytes().decode("utf-8", "replace")
+    replay, _ = analyze_folder(out.bundle)
+    assert replay.root_cause.model_dump() == d.root_cause.model_dump()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_a_token_file_others_can_read_is_refused(tmp_path, mode):
+    """No request is made with a token others could read (no server needed: none is asked)."""
+    st = _settings(closed_port_url(), prometheus_token_file=token_file(tmp_path, TOKEN, mode))
+    got = prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 5)
+    assert got.queries == 0
+    assert any("readable or writable by group or others" in n and "chmod 600" in n
+               for n in got.notes)
+    assert TOKEN not in json.dumps(got.per_node) + " ".join(got.notes)
+    lines, _ = prometheus.lines(json.dumps(got.per_node["n1"]), "n1", "n1/metrics.json")
+    assert [ln.message.split()[0] for ln in lines] == ["probe=prometheus"]
+
+
+# -- the pure half ----------------------------------------------------------------------------
+def test_counter_increase_handles_resets():
+    name = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+    assert prometheus.summarize(name, [(0, "5"), (15, "5"), (30, "0"), (45, "0")]) is None
+    s = prometheus.summarize(name, [(0, "5"), (15, "0"), (30, "2"), (45, "3")])
+    assert (s["increase"], s["resets"], s["at"]) == (3, 1, 30)
+
+
+def test_xid_already_there_when_the_window_opened_is_not_this_jobs():
+    name = prometheus.XID_SERIES
+    assert prometheus.summarize(name, [(0, "79"), (15, "79")], lo=0, step=15) is None
+    s = prometheus.summarize(name, [(300, "79"), (315, "79")], lo=0, step=15)
+    assert (s["xid"], s["at"]) == (79, 300)           # a series that appeared mid-window
+    s = prometheus.summarize(name, [(0, "0"), (15, "13"), (30, "48")], lo=0, step=15)
+    assert (s["xid"], s["at"]) == (48, 30)
+
+
+def test_a_1024_node_job_is_a_few_queries():
+    nodes = [f"gpu-a{i:04d}" for i in range(1024)]
+    qs = prometheus.queries(prometheus.DEFAULT_SERIES, ["Hostname", "instance"], nodes)
+    assert len(qs) == 2 * len(prometheus.DEFAULT_SERIES)
+    assert 'Hostname=~"(?:gpu-a0000|' in qs[0][0] and '(?::[0-9]+)?"' in qs[0][0]
+    assert {len(batch) for _, _, batch in qs} == {512}
+    assert prometheus.node_of({"instance": "gpu-a0007:9100"}, ["Hostname", "instance"]) \
+        == "gpu-a0007"
+    assert prometheus._node_regex(["a.b"]) == "(?:a\\.b)(?::[0-9]+)?"
+
+
+def test_credentials_in_the_url_never_reach_notes():
+    assert prometheus.redact_url("https://u:pw@prom.example:9090/x") == \
+        "https://prom.example:9090/x"
+
+
+def test_a_url_with_a_password_is_refused_as_a_setting():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="prometheus_password_file"):
+        Settings(prometheus_url="https://u:pw@prom.example:9090")
+    with pytest.raises(ValidationError, match="http:// or https://"):
+        Settings(prometheus_url="prom.example:9090")
+
+
+def test_bearer_token_and_basic_auth_are_sent(tmp_path):
+    import base64
+    srv = Recorder()
+    try:
+        st = _settings(srv.url, prometheus_token_file=token_file(tmp_path, TOKEN))
+        got = prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 10)
+        pw = tmp_path / "pw"
+        pw.write_text("hunter2\n")
+        os.chmod(pw, 0o600)
+        st = _settings(srv.url, prometheus_user="sattrib", prometheus_password_file=str(pw))
+        prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 10)
+    finally:
+        srv.stop()
+    n = len(prometheus.DEFAULT_SERIES)
+    assert srv.auth[:n] == [f"Bearer {TOKEN}"] * n
+    assert srv.auth[n:] == ["Basic " + base64.b64encode(b"sattrib:hunter2").decode()] * n
+    assert TOKEN not in json.dumps(got.per_node) + " ".join(got.notes)
+
+
+def test_metrics_json_in_the_jobs_own_output_is_not_evidence(tmp_path, rules):
+    """logs/ holds what the job wrote: a metrics.json there stays job output."""
+    folder = _folder(tmp_path / "ev", "gn-xid", {"gn-xid": QUIET})
+    entry = [{"query": 'DCGM_FI_DEV_XID_ERRORS{Hostname=~"gn-xid"}', "range": [START, END, 15],
+              "result": [{"metric": {"Hostname": "gn-xid", "gpu": "0",
+                                     "pci_bus_id": "00000000:3B:00.0"},
+                          "values": [[FAIL - 15, "0"], [FAIL, "79"]]}]}]
+    (folder / "logs" / "metrics.json").write_text(json.dumps(entry))
+    d, _ = analyze_folder(folder)
+    assert d.root_cause is None or d.root_cause.category.value != "gpu_hardware"
+    (folder / "gn-xid" / "metrics.json").write_text(json.dumps(entry))   # the node's own
+    d, _ = analyze_folder(folder)
+    assert (d.root_cause.category.value, d.root_cause.gpu) == ("gpu_hardware", "0000:3b:00.0")
