@@ -20,7 +20,7 @@ from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
 from . import ibstat, nvidia_smi, probes_file, slurm_state
-from .reader import Limits, SkipFile, open_regular, read_head, scan
+from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
 
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
 MAX_FILES_PER_DIR = 5000
@@ -113,8 +113,10 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
 class FolderReader:
     def __init__(self, rules: RuleSet, limits: Optional[Limits] = None,
                  utc_offset: Union[int, Callable[[Optional[float]], int]] = 0,
-                 owner: Optional[int] = None):
+                 owner: Optional[int] = None, reference: bool = False):
         self.rules = rules
+        # reference: no prefilter, one process, every rule on every line (see reader.EveryLine)
+        self.reference = reference
         self.lim = limits or Limits()
         self.utc_offset = utc_offset
         self.offset = 0
@@ -123,7 +125,8 @@ class FolderReader:
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._no_stamps = 0
         self.owner = owner
-        self.lit_rules = rules.literal_rules
+        self.lit_rules = ([tuple(c.rule.id for c in rules.rules)] if reference
+                          else rules.literal_rules)
         self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
                             if c.rule.lines_after}
 
@@ -224,7 +227,7 @@ class FolderReader:
                 total += os.lstat(path).st_size
             except OSError:
                 pass
-        workers = min(os.cpu_count() or 1, 8, len(jobs))
+        workers = 1 if self.reference else min(os.cpu_count() or 1, 8, len(jobs))
         if workers > 1 and total >= self.PARALLEL_MIN_BYTES and hasattr(os, "fork"):
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -369,7 +372,8 @@ class FolderReader:
                                              message=clean(fact)[:2000]))
                 return
             srun = kind == "rank_output" and _srun_prefixed(head)
-            res = scan(fd, st.st_size, self.rules.prefilter, self.lit_rules, self.lines_after,
+            prefilter = EveryLine() if self.reference else self.rules.prefilter
+            res = scan(fd, st.st_size, prefilter, self.lit_rules, self.lines_after,
                        self.lim, confirm=self._confirmer(kind, srun))
             doc.truncated_bytes = res.cut
             doc.notes.extend(res.notes)

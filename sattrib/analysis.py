@@ -32,8 +32,9 @@ def reader_limits(st):
 
 
 def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None,
-                   timezone: str = "UTC"):
-    """Evidence folder -> (Diagnosis, Bundle)."""
+                   timezone: str = "UTC", reference: bool = False):
+    """Evidence folder -> (Diagnosis, Bundle). `reference` (for tests): the plain path, with no
+    literal prefilter, in one process, every rule on every line; same answer, much slower."""
     from .collectors.evidence_folder import FolderReader
     from .engine.pipeline import Settings, diagnose
 
@@ -49,7 +50,8 @@ def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Op
         from .config import utc_offset
         utc_offset(timezone, 0)             # validates the name early, with a clear error
         offset = lambda at: utc_offset(timezone, at)  # noqa: E731
-    reader = FolderReader(rules, limits=limits, utc_offset=offset, owner=owner)
+    reader = FolderReader(rules, limits=limits, utc_offset=offset, owner=owner,
+                          reference=reference)
     bundle = reader.read(path)
     settings.utc_offset = reader.offset
     return diagnose(bundle, rules, settings, engine_version=__version__), bundle
