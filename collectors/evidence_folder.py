@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from ..engine.extract import captures, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
@@ -127,6 +128,7 @@ class FolderReader:
         self.owner = owner
         self.lit_rules = ([tuple(c.rule.id for c in rules.rules)] if reference
                           else rules.literal_rules)
+        self._by_source = rules_by_source(rules)
         self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
                             if c.rule.lines_after}
 
@@ -251,6 +253,16 @@ class FolderReader:
     def _read_one(self, path, rel, node, in_slurm, tc) -> Bundle:
         part = Bundle(name=rel, job=JobInfo())
         self._read_file(path, rel, node, in_slurm, tc, part)
+        if not self.reference:
+            # Lines the confirm step did not search (journal records, tool facts, probes): the
+            # rules extract would run on them run here, in the worker, once.
+            for ln in part.lines:
+                if ln.found is None:
+                    ln.found = {}
+                    for c in line_rules(ln, self.rules, self._by_source):
+                        caps = captures(c, ln.message)
+                        if caps is not None:
+                            ln.found[c.rule.id] = caps
         return part
 
     def _cap_job(self, bundle: Bundle) -> None:
@@ -402,16 +414,18 @@ class FolderReader:
             text = clean(data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
-            hit = set()
+            hit = {}
             for rid in lits:
                 c = by_id.get(rid)
-                if c is not None and c.search(msg):
-                    hit.add(rid)
+                if c is not None:
+                    m = c.search(msg)
+                    if m:
+                        hit[rid] = m
             if hit and all(by_id[r].rule.role.value == "context" for r in hit):
                 n = context_count[min(hit)] = context_count.get(min(hit), 0) + 1
                 if n > self.CONTEXT_CAP:
                     return set(), None
-            return hit, (text, p)
+            return set(hit), (text, p, hit)     # the matches are kept: extract reuses them
         return confirm
 
     def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
@@ -419,8 +433,12 @@ class FolderReader:
         if doc.kind == "journal_json":
             return self._journal_line(doc, h, h.data.decode("utf-8", "replace"),
                                       self.clock.get(doc.node, 0.0) if doc.node else 0.0)
+        found = None
         if h.meta is not None:
-            text, p = h.meta
+            text, p, matches = h.meta
+            if not self.reference:
+                found = {r: {k: v for k, v in m.groupdict().items() if v is not None}
+                         for r, m in sorted(matches.items())}
         else:
             text = clean(h.data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
@@ -454,7 +472,8 @@ class FolderReader:
                     rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
                     ts=ts,
                     ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
-                    candidates=self._cands.setdefault(cands, cands), following=following)
+                    candidates=self._cands.setdefault(cands, cands), following=following,
+                    found=found)
 
     @staticmethod
     def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:

@@ -3,7 +3,7 @@ source the rule trusts, applies the message catalog and the rule's decoder."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable
+from typing import Iterable, Optional
 
 from . import decode
 from .catalog import lookup
@@ -16,34 +16,55 @@ from .taxonomy import Source, Tag
 
 def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
             notes: Counter) -> list[Event]:
-    by_source: dict[Source, list] = defaultdict(list)
-    for c in rules.rules:
-        for s in c.rule.source:
-            by_source[s].append(c)
+    by_source = rules_by_source(rules)
     events: list[Event] = []
     for ln in lines:
-        cands = ([rules.by_id[r] for r in ln.candidates if r in rules.by_id]
-                 if ln.candidates is not None else by_source.get(ln.source, []))
+        cands = line_rules(ln, rules, by_source)
+        found = ln.found
         hits = []
         for c in cands:
             if ln.source not in c.rule.source:
                 # Looks like (say) a kernel line but came from rank output: not evidence.
-                if c.rule.source == [Source.kernel] and c.search(ln.message):
+                if c.rule.source == [Source.kernel] and captures(c, ln.message, found) is not None:
                     notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
                           "ignored (kernel evidence comes only from kernel logs)"] += 1
                 continue
-            m = c.search(ln.message)
-            if m:
-                hits.append((c, m))
+            caps = captures(c, ln.message, found)
+            if caps is not None:
+                hits.append((c, caps))
         if any(not c.rule.fallback for c, _ in hits):
-            hits = [(c, m) for c, m in hits if not c.rule.fallback]
+            hits = [(c, caps) for c, caps in hits if not c.rule.fallback]
         elif any(not c.rule.catch_all for c, _ in hits):
-            hits = [(c, m) for c, m in hits if not c.rule.catch_all]
-        for c, m in hits:
-            events.append(_event(ln, c, {k: v for k, v in m.groupdict().items()
-                                         if v is not None}, tc))
+            hits = [(c, caps) for c, caps in hits if not c.rule.catch_all]
+        for c, caps in hits:
+            events.append(_event(ln, c, dict(caps), tc))
     events.sort(key=Event.sort_key)
     return events
+
+
+def rules_by_source(rules: RuleSet) -> dict[Source, list]:
+    by_source: dict[Source, list] = defaultdict(list)
+    for c in rules.rules:
+        for s in c.rule.source:
+            by_source[s].append(c)
+    return by_source
+
+
+def line_rules(ln: Line, rules: RuleSet, by_source: dict) -> list:
+    """The rules to run on a line: those its literals point at, or (no prefilter ran on it)
+    every rule that reads its source."""
+    if ln.candidates is None:
+        return by_source.get(ln.source, [])
+    return [rules.by_id[r] for r in ln.candidates if r in rules.by_id]
+
+
+def captures(compiled, message: str, found: Optional[dict] = None) -> Optional[dict]:
+    """The groups a rule captures on a message (those that took part), or None when it does not
+    match. `found`: what the reader's search of this line's candidates already gave."""
+    if found is not None:
+        return found.get(compiled.rule.id)
+    m = compiled.search(message)
+    return None if m is None else {k: v for k, v in m.groupdict().items() if v is not None}
 
 
 def _event(ln: Line, compiled, caps: dict, tc: TimeContext) -> Event:

@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from sattrib import __version__
 from sattrib.analysis import analyze_folder
 from sattrib.collectors.evidence_folder import FolderReader
-from sattrib.engine.rules import load_rules
+from sattrib.engine.pipeline import Settings, diagnose
+from sattrib.engine.rules import CompiledRule, load_rules
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared"
@@ -48,3 +50,21 @@ def test_reference_uses_no_prefilter_and_no_worker(reference_rules, monkeypatch)
     monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", None)
     assert _json(case, rules=reference_rules, reference=True) == want
     assert '"outcome": "attributed"' in want
+
+
+def test_extract_reuses_the_readers_matches(rules, monkeypatch):
+    """The reader's confirm step already ran each candidate rule on each line: extract builds
+    the events from those matches (they come back from the forked readers with the lines) and
+    runs no rule again."""
+    case = HERE / "cases" / "xid79_srun_combined_log"
+    want = _json(case, rules=rules)
+    monkeypatch.setattr(FolderReader, "PARALLEL_MIN_BYTES", 0)
+    reader = FolderReader(rules)
+    bundle = reader.read(case)
+    assert bundle.lines and all(ln.found is not None for ln in bundle.lines)
+
+    def no_search(self, message):
+        raise AssertionError("extract searched a line again")
+    monkeypatch.setattr(CompiledRule, "search", no_search)
+    d = diagnose(bundle, rules, Settings(utc_offset=reader.offset), engine_version=__version__)
+    assert d.model_dump_json(indent=2) == want
