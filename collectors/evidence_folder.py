@@ -129,6 +129,7 @@ class FolderReader:
         self.lit_rules = ([tuple(c.rule.id for c in rules.rules)] if reference
                           else rules.literal_rules)
         self._by_source = rules_by_source(rules)
+        self._context_rules = {c.rule.id for c in rules.rules if c.rule.role.value == "context"}
         self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
                             if c.rule.lines_after}
 
@@ -408,9 +409,13 @@ class FolderReader:
         by_id = self.rules.by_id
         if kind == "journal_json":
             return None                    # JSON records are confirmed after decoding
+        context = self._context_rules
         context_count: dict[str, int] = {}
+        capped: set = set()       # context rules this file already keeps CONTEXT_CAP lines of
 
         def confirm(data: bytes, lits):
+            if lits <= capped:
+                return set(), None     # whatever matches, the line would be dropped: no work
             text = clean(data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
@@ -421,8 +426,11 @@ class FolderReader:
                     m = c.search(msg)
                     if m:
                         hit[rid] = m
-            if hit and all(by_id[r].rule.role.value == "context" for r in hit):
-                n = context_count[min(hit)] = context_count.get(min(hit), 0) + 1
+            if hit and hit.keys() <= context:
+                first = min(hit)
+                n = context_count[first] = context_count.get(first, 0) + 1
+                if n >= self.CONTEXT_CAP:
+                    capped.add(first)
                 if n > self.CONTEXT_CAP:
                     return set(), None
             return set(hit), (text, p, hit)     # the matches are kept: extract reuses them
