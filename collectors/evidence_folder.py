@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ..engine.extract import captures, line_rules, rules_by_source
+from ..engine.extract import captures, found_entry, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
@@ -263,7 +263,7 @@ class FolderReader:
                     for c in line_rules(ln, self.rules, self._by_source):
                         caps = captures(c, ln.message)
                         if caps is not None:
-                            ln.found[c.rule.id] = caps
+                            ln.found[c.rule.id] = found_entry(c, caps, ln.message)
         return part
 
     def _cap_job(self, bundle: Bundle) -> None:
@@ -445,8 +445,9 @@ class FolderReader:
         if h.meta is not None:
             text, p, matches = h.meta
             if not self.reference:
-                found = {r: {k: v for k, v in m.groupdict().items() if v is not None}
-                         for r, m in sorted(matches.items())}
+                found = {r: found_entry(self.rules.by_id[r], {
+                    k: v for k, v in m.groupdict().items() if v is not None}, p.message)
+                    for r, m in sorted(matches.items())}
         else:
             text = clean(h.data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)

@@ -6,7 +6,6 @@ from collections import Counter, defaultdict
 from typing import Iterable, Optional
 
 from . import decode
-from .catalog import lookup
 from .decode import Event, normalize_pci
 from .lineparse import TimeContext, nccl_host, parse_stamp_text
 from .models import Line
@@ -37,7 +36,8 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
         elif any(not c.rule.catch_all for c, _ in hits):
             hits = [(c, caps) for c, caps in hits if not c.rule.catch_all]
         for c, caps in hits:
-            events.append(_event(ln, c, dict(caps), tc))
+            row = found[c.rule.id][1] if found is not None else _UNSET
+            events.append(_event(ln, c, dict(caps), tc, row))
     events.sort(key=Event.sort_key)
     return events
 
@@ -62,19 +62,47 @@ def captures(compiled, message: str, found: Optional[dict] = None) -> Optional[d
     """The groups a rule captures on a message (those that took part), or None when it does not
     match. `found`: what the reader's search of this line's candidates already gave."""
     if found is not None:
-        return found.get(compiled.rule.id)
+        hit = found.get(compiled.rule.id)
+        return None if hit is None else hit[0]
     m = compiled.search(message)
     return None if m is None else {k: v for k, v in m.groupdict().items() if v is not None}
 
 
-def _event(ln: Line, compiled, caps: dict, tc: TimeContext) -> Event:
+def found_entry(compiled, caps: dict, message: str) -> tuple[dict, Optional[int]]:
+    """What the reader keeps of a rule that matched a line (Line.found): its captures and the
+    index of the catalog row that classifies the hit (None: no row)."""
+    return caps, (catalog_row(compiled, caps, message) if compiled.rows else None)
+
+
+def catalog_row(compiled, caps: dict, message: str) -> Optional[int]:
+    """The first of the rule's message-catalog rows that matches its catalog capture (the whole
+    message without one), as an index into compiled.rows; None when no row matches."""
+    key = compiled.rule.catalog_key
+    if key in ("nccl_host", "nccl_dev"):
+        caps = _with_nccl_host(dict(caps), message)       # what _event looks the row up with
+    text = caps.get(key) or message
+    for i, row in enumerate(compiled.rows):
+        if row.search(text):
+            return i
+    return None
+
+
+def _with_nccl_host(caps: dict, message: str) -> dict:
+    nh = nccl_host(message)
+    if nh and "nccl_host" not in caps:
+        caps["nccl_host"], caps["nccl_dev"] = nh[0], str(nh[1])
+    return caps
+
+
+_UNSET = object()      # the catalog row is not known yet: _event looks it up
+
+
+def _event(ln: Line, compiled, caps: dict, tc: TimeContext, row=_UNSET) -> Event:
     rule = compiled.rule
     ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
                source=ln.source, node=ln.node, rank=ln.rank, action=rule.action,
                last_resort=rule.last_resort, explained_by=tuple(rule.explained_by))
-    nh = nccl_host(ln.message)
-    if nh and "nccl_host" not in caps:
-        caps["nccl_host"], caps["nccl_dev"] = nh[0], str(nh[1])
+    _with_nccl_host(caps, ln.message)
     if "rank" in caps and caps["rank"].isdigit():
         ev.rank = int(caps["rank"])
     if "pci" in caps:
@@ -84,7 +112,10 @@ def _event(ln: Line, compiled, caps: dict, tc: TimeContext) -> Event:
     if "pid" in caps and caps["pid"].strip("'").isdigit():
         ev.pid = int(caps["pid"].strip("'"))
     if compiled.rows:
-        _classify(ev, compiled.rows, caps.get(rule.catalog_key) or ln.message)
+        if row is _UNSET:
+            row = catalog_row(compiled, caps, ln.message)
+        if row is not None:
+            _classify(ev, compiled.rows[row])
     if rule.decode:
         decode.DECODERS[rule.decode](ev, tc)
     if ev.when is None and caps.get("at"):
@@ -99,11 +130,8 @@ def _event(ln: Line, compiled, caps: dict, tc: TimeContext) -> Event:
     return ev
 
 
-def _classify(ev: Event, rows, text: str) -> None:
-    """The message catalog's row for this message, when one matches, says what it is."""
-    row = lookup(rows, text)
-    if row is None:
-        return
+def _classify(ev: Event, row) -> None:
+    """The message catalog's row for this message says what it is."""
     ev.role = row.role
     ev.category = row.category
     if row.action is not None:

@@ -129,9 +129,10 @@ class Line:
     cursor: Optional[str] = None    # journal cursor when read from the journal
     candidates: Optional[tuple[str, ...]] = None  # rule ids whose literal hit; None = all
     following: tuple[str, ...] = ()  # next lines, for rules with lines_after
-    # What the reader's own search of the candidate rules found: rule id -> captured groups
-    # (those that took part), for each candidate that matched. None: extract searches itself.
-    found: Optional[dict[str, dict[str, str]]] = None
+    # What the reader's own search of the candidate rules found, for each candidate that
+    # matched: rule id -> (captured groups that took part, index of the rule's message-catalog
+    # row that classifies the hit or None). None: extract searches itself.
+    found: Optional[dict[str, tuple[dict[str, str], Optional[int]]]] = None
 
     @property
     def text(self) -> str:

@@ -8,6 +8,7 @@ import pytest
 from sattrib import __version__
 from sattrib.analysis import analyze_folder
 from sattrib.collectors.evidence_folder import FolderReader
+from sattrib.engine.catalog import Row
 from sattrib.engine.pipeline import Settings, diagnose
 from sattrib.engine.rules import CompiledRule, load_rules
 
@@ -54,17 +55,23 @@ def test_reference_uses_no_prefilter_and_no_worker(reference_rules, monkeypatch)
 
 def test_extract_reuses_the_readers_matches(rules, monkeypatch):
     """The reader's confirm step already ran each candidate rule on each line: extract builds
-    the events from those matches (they come back from the forked readers with the lines) and
-    runs no rule again."""
-    case = HERE / "cases" / "xid79_srun_combined_log"
-    want = _json(case, rules=rules)
+    the events from those matches and catalog rows (they come back from the forked readers with
+    the lines) and runs no rule or catalog pattern again."""
     monkeypatch.setattr(FolderReader, "PARALLEL_MIN_BYTES", 0)
-    reader = FolderReader(rules)
-    bundle = reader.read(case)
-    assert bundle.lines and all(ln.found is not None for ln in bundle.lines)
+    cases = [c for c in CASES if c.parent.parent == HERE]
+    read = []
+    for case in cases:
+        reader = FolderReader(rules)
+        bundle = reader.read(case)
+        assert all(ln.found is not None for ln in bundle.lines)
+        read.append((_json(case, rules=rules), bundle, reader.offset))
+    assert any(e[1] is not None for _, b, _ in read for ln in b.lines
+               for e in ln.found.values()), "no case exercises a catalog row"
 
     def no_search(self, message):
         raise AssertionError("extract searched a line again")
     monkeypatch.setattr(CompiledRule, "search", no_search)
-    d = diagnose(bundle, rules, Settings(utc_offset=reader.offset), engine_version=__version__)
-    assert d.model_dump_json(indent=2) == want
+    monkeypatch.setattr(Row, "search", no_search)
+    for want, bundle, offset in read:
+        d = diagnose(bundle, rules, Settings(utc_offset=offset), engine_version=__version__)
+        assert d.model_dump_json(indent=2) == want
