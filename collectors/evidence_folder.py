@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ..engine.extract import captures, found_entry, line_rules, rules_by_source
+from ..engine.extract import captures, found_for, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
@@ -259,11 +259,10 @@ class FolderReader:
             # rules extract would run on them run here, in the worker, once.
             for ln in part.lines:
                 if ln.found is None:
-                    ln.found = {}
-                    for c in line_rules(ln, self.rules, self._by_source):
-                        caps = captures(c, ln.message)
-                        if caps is not None:
-                            ln.found[c.rule.id] = found_entry(c, caps, ln.message)
+                    cands = line_rules(ln, self.rules, self._by_source)
+                    caps = {c.rule.id: cp for c in cands
+                            if (cp := captures(c, ln.message)) is not None}
+                    ln.found = found_for(ln, cands, caps)
         return part
 
     def _cap_job(self, bundle: Bundle) -> None:
@@ -441,13 +440,9 @@ class FolderReader:
         if doc.kind == "journal_json":
             return self._journal_line(doc, h, h.data.decode("utf-8", "replace"),
                                       self.clock.get(doc.node, 0.0) if doc.node else 0.0)
-        found = None
+        matches = None
         if h.meta is not None:
             text, p, matches = h.meta
-            if not self.reference:
-                found = {r: found_entry(self.rules.by_id[r], {
-                    k: v for k, v in m.groupdict().items() if v is not None}, p.message)
-                    for r, m in sorted(matches.items())}
         else:
             text = clean(h.data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
@@ -477,12 +472,17 @@ class FolderReader:
         if srun:
             following = tuple(split_prefix(f, srun=True).message for f in following)
         cands = tuple(sorted(h.lits))
-        return Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
-                    rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
-                    ts=ts,
-                    ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
-                    candidates=self._cands.setdefault(cands, cands), following=following,
-                    found=found)
+        ln = Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
+                  rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
+                  ts=ts,
+                  ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
+                  candidates=self._cands.setdefault(cands, cands), following=following)
+        if matches is not None and not self.reference:
+            # The confirm step's matches: extract builds the events from them.
+            ln.found = found_for(ln, [by_id[r] for r in ln.candidates], {
+                r: {k: v for k, v in m.groupdict().items() if v is not None}
+                for r, m in sorted(matches.items())})
+        return ln
 
     @staticmethod
     def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:

@@ -20,26 +20,37 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
     for ln in lines:
         cands = line_rules(ln, rules, by_source)
         found = ln.found
-        hits = []
-        for c in cands:
-            if ln.source not in c.rule.source:
-                # Looks like (say) a kernel line but came from rank output: not evidence.
-                if c.rule.source == [Source.kernel] and captures(c, ln.message, found) is not None:
-                    notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
-                          "ignored (kernel evidence comes only from kernel logs)"] += 1
-                continue
-            caps = captures(c, ln.message, found)
-            if caps is not None:
-                hits.append((c, caps))
-        if any(not c.rule.fallback for c, _ in hits):
-            hits = [(c, caps) for c, caps in hits if not c.rule.fallback]
-        elif any(not c.rule.catch_all for c, _ in hits):
-            hits = [(c, caps) for c, caps in hits if not c.rule.catch_all]
+        hits, kernel_looking = select(ln, cands, lambda c: captures(c, ln.message, found))
+        if kernel_looking:
+            # Looks like (say) a kernel line but came from rank output: not evidence.
+            notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
+                  "ignored (kernel evidence comes only from kernel logs)"] += kernel_looking
         for c, caps in hits:
             row = found[c.rule.id][1] if found is not None else _UNSET
             events.append(_event(ln, c, dict(caps), tc, row))
     events.sort(key=Event.sort_key)
     return events
+
+
+def select(ln: Line, cands, caps_of) -> tuple[list, int]:
+    """The hits kept on a line: [(rule, captures)] of the rules that match and trust the line's
+    source (`caps_of(rule)`: its captures or None), without fallback rules when another rule
+    matched and without catch-all rules when a specific one did; and how many kernel-only rules
+    matched a line that is not from a kernel log."""
+    hits, kernel_looking = [], 0
+    for c in cands:
+        if ln.source not in c.rule.source:
+            if c.rule.source == [Source.kernel] and caps_of(c) is not None:
+                kernel_looking += 1
+            continue
+        caps = caps_of(c)
+        if caps is not None:
+            hits.append((c, caps))
+    if any(not c.rule.fallback for c, _ in hits):
+        hits = [(c, caps) for c, caps in hits if not c.rule.fallback]
+    elif any(not c.rule.catch_all for c, _ in hits):
+        hits = [(c, caps) for c, caps in hits if not c.rule.catch_all]
+    return hits, kernel_looking
 
 
 def rules_by_source(rules: RuleSet) -> dict[Source, list]:
@@ -68,10 +79,12 @@ def captures(compiled, message: str, found: Optional[dict] = None) -> Optional[d
     return None if m is None else {k: v for k, v in m.groupdict().items() if v is not None}
 
 
-def found_entry(compiled, caps: dict, message: str) -> tuple[dict, Optional[int]]:
-    """What the reader keeps of a rule that matched a line (Line.found): its captures and the
-    index of the catalog row that classifies the hit (None: no row)."""
-    return caps, (catalog_row(compiled, caps, message) if compiled.rows else None)
+def found_for(ln: Line, cands, caps: dict) -> dict:
+    """Line.found from the captures of the candidate rules that matched the line (rule id ->
+    captures): the catalog row is looked up only for the hits `select` keeps."""
+    kept = {c.rule.id: c for c, _ in select(ln, cands, lambda c: caps.get(c.rule.id))[0]}
+    return {r: (cp, catalog_row(kept[r], cp, ln.message) if r in kept and kept[r].rows
+                else None) for r, cp in caps.items()}
 
 
 def catalog_row(compiled, caps: dict, message: str) -> Optional[int]:
