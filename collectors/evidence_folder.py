@@ -15,12 +15,13 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from ..engine.extract import captures, found_for, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
 from . import ibstat, nvidia_smi, probes_file, prometheus, slurm_state
-from .reader import Limits, SkipFile, open_regular, read_head, scan
+from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
 
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
 MAX_FILES_PER_DIR = 5000
@@ -115,8 +116,10 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
 class FolderReader:
     def __init__(self, rules: RuleSet, limits: Optional[Limits] = None,
                  utc_offset: Union[int, Callable[[Optional[float]], int]] = 0,
-                 owner: Optional[int] = None):
+                 owner: Optional[int] = None, reference: bool = False):
         self.rules = rules
+        # reference: no prefilter, one process, every rule on every line (see reader.EveryLine)
+        self.reference = reference
         self.lim = limits or Limits()
         self.utc_offset = utc_offset
         self.offset = 0
@@ -125,7 +128,10 @@ class FolderReader:
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._no_stamps = 0
         self.owner = owner
-        self.lit_rules = rules.literal_rules
+        self.lit_rules = ([tuple(c.rule.id for c in rules.rules)] if reference
+                          else rules.literal_rules)
+        self._by_source = rules_by_source(rules)
+        self._context_rules = {c.rule.id for c in rules.rules if c.rule.role.value == "context"}
         self.lines_after = {c.rule.id: c.rule.lines_after for c in rules.rules
                             if c.rule.lines_after}
 
@@ -226,7 +232,7 @@ class FolderReader:
                 total += os.lstat(path).st_size
             except OSError:
                 pass
-        workers = min(os.cpu_count() or 1, 8, len(jobs))
+        workers = 1 if self.reference else min(os.cpu_count() or 1, 8, len(jobs))
         if workers > 1 and total >= self.PARALLEL_MIN_BYTES and hasattr(os, "fork"):
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -250,6 +256,15 @@ class FolderReader:
     def _read_one(self, path, rel, node, in_slurm, tc) -> Bundle:
         part = Bundle(name=rel, job=JobInfo())
         self._read_file(path, rel, node, in_slurm, tc, part)
+        if not self.reference:
+            # Lines the confirm step did not search (journal records, tool facts, probes): the
+            # rules extract would run on them run here, in the worker, once.
+            for ln in part.lines:
+                if ln.found is None:
+                    cands = line_rules(ln, self.rules, self._by_source)
+                    caps = {c.rule.id: cp for c in cands
+                            if (cp := captures(c, ln.message)) is not None}
+                    ln.found = found_for(ln, cands, caps)
         return part
 
     def _cap_job(self, bundle: Bundle) -> None:
@@ -379,7 +394,8 @@ class FolderReader:
                                              message=clean(fact)[:2000]))
                 return
             srun = kind == "rank_output" and _srun_prefixed(head)
-            res = scan(fd, st.st_size, self.rules.prefilter, self.lit_rules, self.lines_after,
+            prefilter = EveryLine() if self.reference else self.rules.prefilter
+            res = scan(fd, st.st_size, prefilter, self.lit_rules, self.lines_after,
                        self.lim, confirm=self._confirmer(kind, srun))
             doc.truncated_bytes = res.cut
             doc.notes.extend(res.notes)
@@ -402,22 +418,31 @@ class FolderReader:
         by_id = self.rules.by_id
         if kind == "journal_json":
             return None                    # JSON records are confirmed after decoding
+        context = self._context_rules
         context_count: dict[str, int] = {}
+        capped: set = set()       # context rules this file already keeps CONTEXT_CAP lines of
 
         def confirm(data: bytes, lits):
+            if lits <= capped:
+                return set(), None     # whatever matches, the line would be dropped: no work
             text = clean(data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
-            hit = set()
+            hit = {}
             for rid in lits:
                 c = by_id.get(rid)
-                if c is not None and c.search(msg):
-                    hit.add(rid)
-            if hit and all(by_id[r].rule.role.value == "context" for r in hit):
-                n = context_count[min(hit)] = context_count.get(min(hit), 0) + 1
+                if c is not None:
+                    m = c.search(msg)
+                    if m:
+                        hit[rid] = m
+            if hit and hit.keys() <= context:
+                first = min(hit)
+                n = context_count[first] = context_count.get(first, 0) + 1
+                if n >= self.CONTEXT_CAP:
+                    capped.add(first)
                 if n > self.CONTEXT_CAP:
                     return set(), None
-            return hit, (text, p)
+            return set(hit), (text, p, hit)     # the matches are kept: extract reuses them
         return confirm
 
     def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
@@ -425,8 +450,9 @@ class FolderReader:
         if doc.kind == "journal_json":
             return self._journal_line(doc, h, h.data.decode("utf-8", "replace"),
                                       self.clock.get(doc.node, 0.0) if doc.node else 0.0)
+        matches = None
         if h.meta is not None:
-            text, p = h.meta
+            text, p, matches = h.meta
         else:
             text = clean(h.data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
@@ -456,11 +482,17 @@ class FolderReader:
         if srun:
             following = tuple(split_prefix(f, srun=True).message for f in following)
         cands = tuple(sorted(h.lits))
-        return Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
-                    rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
-                    ts=ts,
-                    ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
-                    candidates=self._cands.setdefault(cands, cands), following=following)
+        ln = Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
+                  rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
+                  ts=ts,
+                  ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
+                  candidates=self._cands.setdefault(cands, cands), following=following)
+        if matches is not None and not self.reference:
+            # The confirm step's matches: extract builds the events from them.
+            ln.found = found_for(ln, [by_id[r] for r in ln.candidates], {
+                r: {k: v for k, v in m.groupdict().items() if v is not None}
+                for r, m in sorted(matches.items())})
+        return ln
 
     @staticmethod
     def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import re
 import stat
 import zlib
 from dataclasses import dataclass, field
@@ -137,6 +138,17 @@ def _gz_chunks(fd: int, cap: int, chunk: int, res: ScanResult) -> Iterator[bytes
     finally:
         raw.close()
         res.scanned = total
+
+
+class EveryLine:
+    """The reference path's stand-in for the literal prefilter: every line (each CR-separated
+    part of one) is a hit of literal 0, so every rule runs on every line. Slow; it defines the
+    answer the prefilter must give (tests compare the two)."""
+    max_len = 1
+    _PART = re.compile(rb"[^\r\n]+")
+
+    def scan(self, buf) -> list[tuple[int, int]]:
+        return [(m.end(), 0) for m in self._PART.finditer(bytes(buf))]
 
 
 class _Scanner:

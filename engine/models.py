@@ -129,12 +129,24 @@ class Line:
     cursor: Optional[str] = None    # journal cursor when read from the journal
     candidates: Optional[tuple[str, ...]] = None  # rule ids whose literal hit; None = all
     following: tuple[str, ...] = ()  # next lines, for rules with lines_after
+    # What the reader's own search of the candidate rules found, for each candidate that
+    # matched: rule id -> (captured groups that took part, index of the rule's message-catalog
+    # row that classifies the hit or None). None: extract searches itself.
+    found: Optional[dict[str, tuple[dict[str, str], Optional[int]]]] = None
 
     @property
     def text(self) -> str:
         """The line as printed (control characters made visible). Kept as prefix + message:
         a big job holds many lines, and most of each one is its message."""
         return self.shown if self.shown is not None else self.prefix + self.message
+
+    def __reduce__(self):
+        # The forked readers send tens of thousands of lines: pickled as the field values in
+        # order, a line is smaller and loads several times faster than as per-slot state.
+        return (Line, tuple(getattr(self, f) for f in _LINE_FIELDS))
+
+
+_LINE_FIELDS = tuple(Line.__dataclass_fields__)
 
 
 @dataclass(slots=True)
