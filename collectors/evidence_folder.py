@@ -23,6 +23,14 @@ from ..engine.taxonomy import Source
 from . import ibstat, nvidia_smi, probes_file, prometheus, slurm_state
 from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
 
+def job_id_from_names(paths) -> Optional[str]:
+    """The job id in Slurm's default output names (`slurm-<id>.out`, `slurm-<array>_<task>.out`)
+    when no scheduler record says it: one id only, never a guess between two."""
+    ids = {m.group(1) for p in paths
+           if (m := re.fullmatch(r"slurm-(\d+(?:_\d+)?)\.(?:out|err)", Path(p).name))}
+    return ids.pop() if len(ids) == 1 else None
+
+
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
 MAX_FILES_PER_DIR = 5000
 MAX_DEPTH = 3
@@ -183,6 +191,8 @@ class FolderReader:
             bundle.lines.extend(part.lines)
             bundle.notes.extend(part.notes)
         self._cap_job(bundle)
+        if not bundle.job.job_id:
+            bundle.job.job_id = job_id_from_names(d.path for d in bundle.documents)
         return bundle
 
     PARALLEL_MIN_BYTES = 64 << 20

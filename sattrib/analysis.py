@@ -65,15 +65,6 @@ def check_shape(path: Path) -> None:
                         f"analyze one of them: sattrib analyze {path / jobs[0]}")
 
 
-def job_id_from_names(paths) -> Optional[str]:
-    """The job id in Slurm's default output names (`slurm-<id>.out`, `slurm-<array>_<task>.out`)
-    when no scheduler record says it: one id only, never a guess between two."""
-    import re
-    ids = {m.group(1) for p in paths
-           if (m := re.fullmatch(r"slurm-(\d+(?:_\d+)?)\.(?:out|err)", Path(p).name))}
-    return ids.pop() if len(ids) == 1 else None
-
-
 def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None,
                    timezone: str = "UTC", reference: bool = False):
     """Evidence folder -> (Diagnosis, Bundle). `reference` (for tests): the plain path, with no
@@ -96,7 +87,5 @@ def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Op
     reader = FolderReader(rules, limits=limits, utc_offset=offset, owner=owner,
                           reference=reference)
     bundle = reader.read(path)
-    if not bundle.job.job_id:
-        bundle.job.job_id = job_id_from_names(d.path for d in bundle.documents)
     settings.utc_offset = reader.offset
     return diagnose(bundle, rules, settings, engine_version=__version__), bundle
