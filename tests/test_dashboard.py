@@ -53,11 +53,12 @@ def get(db, path, allow_sql=False, text="admins"):
 
 @pytest.mark.parametrize("query", QUERIES)
 def test_every_canned_query_runs(db, query):
-    rc, html = get(db, f"/diagnoses/{query}")
+    text = "all" if query == "search_evidence" else "admins"     # evidence lines: admins
+    rc, html = get(db, f"/diagnoses/{query}", text=text)
     assert rc == 0, html[-500:]
     # Datasette shows a failed query as an error message on the page, with status 200.
     assert "message-error" not in html and "<h1>Error" not in html, html[-800:]
-    rc, body = get(db, f"/diagnoses/{query}.json?_shape=array")
+    rc, body = get(db, f"/diagnoses/{query}.json?_shape=array", text=text)
     assert rc == 0
     rows = json.loads(body)
     assert isinstance(rows, list)
@@ -489,3 +490,26 @@ def test_chart_has_every_day_a_y_axis_and_a_colour_per_family(db):
     assert fams == {"gpu", "nvlink", "network", "scheduler", "workload", "ambiguous",
                     "unattributed"}
     assert len({c for c, _ in bars}) == len(fams)          # one colour each, none reused
+
+
+def test_search_summaries_and_evidence_lines(db, tmp_path):
+    found = _jobs(db, "recent_failures", q="NETIR_LINK_EVT")
+    assert [r["job_id"] for r in found] == ["1001"]
+    rc, html = get(db, "/diagnoses/recent_failures?q=%22unbalanced")
+    assert rc == 0 and "message-error" not in html
+    _, body = get(db, "/diagnoses/search_evidence.json?_shape=array&q=Xid+149", text="all")
+    rows = json.loads(body)
+    assert rows and {r["job_id"] for r in rows} == {"1001"}
+    assert all("Xid" in r["text"] for r in rows)
+    # The index follows the rows: a diagnosis stored again is found once, with its new words.
+    import shutil
+    other = tmp_path / "diagnoses.db"
+    shutil.copy(db, other)
+    store = Store(other)
+    diag, _ = analyze_folder(write_demo(tmp_path / "demo"), rules=load_rules())
+    diag.root_cause.summary = "now says zanzibar"
+    store.upsert(diag, "test")
+    assert [r["job_id"] for r in _jobs(other, "recent_failures", q="zanzibar")] == ["1001"]
+    assert len(_jobs(other, "recent_failures", q="NETIR_LINK_EVT")) == 1   # in the action
+    _, body = get(other, "/diagnoses/search_evidence.json?_shape=array&q=Xid+149", text="all")
+    assert len(json.loads(body)) == len(rows)

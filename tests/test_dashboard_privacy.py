@@ -23,7 +23,10 @@ LINE = "kernel: NVRM: Xid (PCI:0000:9d:00): 149"          # the demo's root evid
 TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
               "/diagnoses/diagnoses.json", "/diagnoses/diagnoses/test~2F1001~2F0.json",
               "/diagnoses/evidence/test~2F1001~2F0,e1.json", "/diagnoses/evidence",
-              "/diagnoses/diagnoses/test~2F1001~2F0"]
+              "/diagnoses/diagnoses/test~2F1001~2F0", "/diagnoses/search_evidence.json?q=Xid",
+              "/diagnoses/search_evidence?q=Xid"] + [
+              f"/diagnoses/evidence_fts{t}.json" for t in (
+                  "", "_data", "_idx", "_docsize", "_config")]
 OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
               "/node/node-02", "/diagnosis/test/1001/0.json", "/node/node-02.json",
               "/node/node-01.json", "/-/summary.json", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
@@ -96,6 +99,7 @@ def test_admins_see_evidence_text(db):
         c = root_cookie(ds)
         return {p: (await client.get(p, cookies=c)) for p in (
             "/diagnosis/test/1001/0", "/diagnosis/test/1001/0.json",
+            "/diagnoses/search_evidence.json?_shape=array&q=Xid+149",
             "/diagnoses/evidence.json?_shape=array",
             "/diagnoses/diagnoses/test~2F1001~2F0.json")}
     pages = run(db, requests)
@@ -105,6 +109,8 @@ def test_admins_see_evidence_text(db):
     assert page["evidence_text"] == "shown" and page["bundle_path"] == str(db.parent / "demo")
     assert any(LINE in e["text"]
                for e in page["diagnosis"]["evidence"])
+    assert any(LINE in r["text"] for r in
+               pages["/diagnoses/search_evidence.json?_shape=array&q=Xid+149"].json())
     rows = pages["/diagnoses/evidence.json?_shape=array"].json()
     assert any(LINE in r["text"] for r in rows)
     assert pages["/diagnoses/diagnoses/test~2F1001~2F0.json"].status_code == 200

@@ -144,7 +144,7 @@ LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_
           "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
           "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
           "workload_failures_not_counted": "Workload failures (not counted)",
-          "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
+          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
 TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end"}
 ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z?$")
 
@@ -248,7 +248,8 @@ NODE_JOBS = f"""
                 when {INFRA} then 'cause'
                 else 'cause (workload)' end as role
     from diagnoses
-    where culprit_node = :node or exists (select 1 from json_each(nodes) where value = :node)
+    where culprit_node = :node
+       or id in (select diagnosis_id from job_nodes where node = :node)
     order by created_at desc, id desc limit 500"""
 
 
@@ -333,12 +334,14 @@ async def summary(db) -> dict:
 
 
 async def home_page(datasette, request):
-    s = await summary(_db(datasette))
+    db = _db(datasette)
+    s = await summary(db)
     if request.url_vars.get("format"):
         return Response.json(s)
     return Response.html(await datasette.render_template(
         "sattrib_home.html", {
             "s": s, "database": DB_NAME,
+            "show_text": await may_read_text(datasette, request.actor, db),
             "diag_page": lambda r: datasette.urls.path(
                 _diag_path(r["cluster"], r["job_id"], r["restart"])),
             "nodes_page": lambda n: datasette.urls.path(f"/node/{quote(n, safe='')}"),
