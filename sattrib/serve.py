@@ -26,7 +26,11 @@ def dashboard_dir() -> Path:
                     "reinstall sattrib (install.sh)")
 
 
-TEXT_TABLES = ("diagnoses", "evidence", "evidence_timeline")
+# The full-text index of the evidence lines holds their words: its table and every shadow table.
+EVIDENCE_FTS = ("evidence_fts", "evidence_fts_data", "evidence_fts_idx", "evidence_fts_docsize",
+                "evidence_fts_config")
+TEXT_TABLES = ("diagnoses", "evidence", "evidence_timeline") + EVIDENCE_FTS
+TEXT_QUERIES = ("search_evidence",)
 HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"
 
 
@@ -44,7 +48,9 @@ def metadata(db_path: Path, settings) -> dict:
     if allow is not True:
         tables = md["databases"]["diagnoses"]["tables"]
         for t in TEXT_TABLES:
-            tables[t]["allow"] = allow
+            tables.setdefault(t, {})["allow"] = allow
+        for q in TEXT_QUERIES:
+            md["databases"]["diagnoses"]["queries"][q]["allow"] = allow
     return md                     # the plugin serves the file as "diagnoses" whatever its name
 
 

@@ -117,6 +117,26 @@ def m003_lookup_indexes(db: sqlite_utils.Database):
     db["diagnoses"].create_index(["created_at", "id"])
 
 
+@migrations()
+def m004_search(db: sqlite_utils.Database):
+    """Full-text search (SQLite FTS5, kept in step by triggers): the summaries and actions for
+    everyone, the evidence lines for those who may read them (serve.TEXT_TABLES)."""
+    db["diagnoses"].enable_fts(["summary", "action"], create_triggers=True)
+    db["evidence"].enable_fts(["text"], create_triggers=True)
+
+
+@migrations()
+def m005_job_nodes(db: sqlite_utils.Database):
+    """Which nodes each diagnosed job ran on, one row per node, so a node's page finds every job
+    it took part in by index (the `nodes` column is a JSON list)."""
+    db["job_nodes"].create({"diagnosis_id": str, "node": str}, pk=("diagnosis_id", "node"),
+                           foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["job_nodes"].create_index(["node"])
+    db.execute("insert or ignore into job_nodes (diagnosis_id, node) "
+               "select d.id, j.value from diagnoses d, json_each(d.nodes) j "
+               "where json_valid(d.nodes) and j.value is not null")
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -198,6 +218,7 @@ class Store:
         cand_rows = [{"diagnosis_id": did, "idx": i, "category": c.get("category"),
                       "node": c.get("node"), "gpu": c.get("gpu"), "summary": c.get("summary")}
                      for i, c in enumerate(d.get("candidates") or [])]
+        node_rows = [{"diagnosis_id": did, "node": n} for n in dict.fromkeys(job.get("nodes") or [])]
         miss_rows = []
         for m in d["completeness"]["missing"]:
             src, _, node = m.partition(":")
@@ -210,7 +231,7 @@ class Store:
                 old = conn.execute("SELECT created_at FROM diagnoses WHERE id = ?",
                                    [did]).fetchone()
                 row["created_at"] = old[0] if old else now
-                for t in ("evidence", "candidates", "missing_evidence"):
+                for t in ("evidence", "candidates", "missing_evidence", "job_nodes"):
                     conn.execute(f"DELETE FROM {t} WHERE diagnosis_id = ?", [did])
                 self.db["diagnoses"].upsert(row, pk="id")
                 if ev_rows:
@@ -219,6 +240,8 @@ class Store:
                     self.db["candidates"].insert_all(cand_rows)
                 if miss_rows:
                     self.db["missing_evidence"].insert_all(miss_rows, ignore=True)
+                if node_rows:
+                    self.db["job_nodes"].insert_all(node_rows)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

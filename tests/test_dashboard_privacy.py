@@ -23,9 +23,13 @@ LINE = "kernel: NVRM: Xid (PCI:0000:9d:00): 149"          # the demo's root evid
 TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
               "/diagnoses/diagnoses.json", "/diagnoses/diagnoses/test~2F1001~2F0.json",
               "/diagnoses/evidence/test~2F1001~2F0,e1.json", "/diagnoses/evidence",
-              "/diagnoses/diagnoses/test~2F1001~2F0"]
+              "/diagnoses/diagnoses/test~2F1001~2F0", "/diagnoses/search_evidence.json?q=Xid",
+              "/diagnoses/search_evidence?q=Xid"] + [
+              f"/diagnoses/evidence_fts{t}.json" for t in (
+                  "", "_data", "_idx", "_docsize", "_config")]
 OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
-              "/node/node-02", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
+              "/node/node-02", "/diagnosis/test/1001/0.json", "/node/node-02.json",
+              "/node/node-01.json", "/-/summary.json", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
               "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json"] + [
               f"/diagnoses/{q}.json?days=3650" for q in (
                   "recent_failures", "failures_by_category", "node_hotspots", "gpu_hotspots",
@@ -83,17 +87,30 @@ def test_anonymous_visitors_see_diagnoses_but_no_evidence_text(db):
     assert "Xid 149" in page and "node-02/journal.log:6" in page and "nvlink" in page
     assert "shown to the dashboard" in page and "admins only" in page
     assert "drain node-02" in pages["/diagnoses/recent_failures.json?days=3650"][1]
+    page = json.loads(pages["/diagnosis/test/1001/0.json"][1])
+    assert page["evidence_text"] == "withheld" and "bundle_path" not in page
+    assert page["diagnosis"]["evidence"] and not any(
+        "text" in e for e in page["diagnosis"]["evidence"])
+    assert page["diagnosis"]["root_cause"]["node"] == "node-02"
 
 
 def test_admins_see_evidence_text(db):
     async def requests(ds, client):
         c = root_cookie(ds)
         return {p: (await client.get(p, cookies=c)) for p in (
-            "/diagnosis/test/1001/0", "/diagnoses/evidence.json?_shape=array",
+            "/diagnosis/test/1001/0", "/diagnosis/test/1001/0.json",
+            "/diagnoses/search_evidence.json?_shape=array&q=Xid+149",
+            "/diagnoses/evidence.json?_shape=array",
             "/diagnoses/diagnoses/test~2F1001~2F0.json")}
     pages = run(db, requests)
     assert LINE in pages["/diagnosis/test/1001/0"].text
     assert str(db.parent / "demo") in pages["/diagnosis/test/1001/0"].text
+    page = pages["/diagnosis/test/1001/0.json"].json()
+    assert page["evidence_text"] == "shown" and page["bundle_path"] == str(db.parent / "demo")
+    assert any(LINE in e["text"]
+               for e in page["diagnosis"]["evidence"])
+    assert any(LINE in r["text"] for r in
+               pages["/diagnoses/search_evidence.json?_shape=array&q=Xid+149"].json())
     rows = pages["/diagnoses/evidence.json?_shape=array"].json()
     assert any(LINE in r["text"] for r in rows)
     assert pages["/diagnoses/diagnoses/test~2F1001~2F0.json"].status_code == 200

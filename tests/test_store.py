@@ -19,7 +19,8 @@ def diag(rules):
 def counts(path):
     c = sqlite3.connect(path)
     return {t: c.execute(f"select count(*) from {t}").fetchone()[0]
-            for t in ("diagnoses", "evidence", "candidates", "missing_evidence")}
+            for t in ("diagnoses", "evidence", "candidates", "missing_evidence", "job_nodes",
+                      "diagnoses_fts", "evidence_fts")}
 
 
 def test_upsert_is_idempotent(tmp_path, diag):
@@ -69,3 +70,21 @@ def test_migrations_recorded(tmp_path):
     names = [r[0] for r in sqlite3.connect(tmp_path / "d.db").execute(
         "select name from _sqlite_migrations where migration_set = 'sattrib'")]
     assert names and names[0] == "m001_diagnoses"
+
+
+def test_job_nodes_and_search_indexes_follow_the_rows(tmp_path, diag):
+    assert len(diag.job.nodes) >= 2
+    db = tmp_path / "d.db"
+    Store(db).upsert(diag, "c1")
+    c = sqlite3.connect(db)
+    assert sorted(r[0] for r in c.execute("select node from job_nodes")) == sorted(diag.job.nodes)
+    assert c.execute("select count(*) from evidence_fts where evidence_fts match 'Xid'"
+                     ).fetchone()[0] >= 1
+    # A database from before these migrations gets them, filled from the rows it holds.
+    c.execute("drop table job_nodes")
+    c.execute("delete from _sqlite_migrations where name = 'm005_job_nodes'")
+    c.commit()
+    c.close()
+    Store(db)
+    c = sqlite3.connect(db)
+    assert sorted(r[0] for r in c.execute("select node from job_nodes")) == sorted(diag.job.nodes)

@@ -138,13 +138,37 @@ async def may_read_text(datasette, actor, db) -> bool:
                                               default=True)
 
 
+# Column headers of the canned queries' pages (the JSON keeps the column names).
+LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_id": "Job",
+          "culprit_node": "Culprit node", "culprit_gpu": "Culprit GPU", "gpu": "GPU",
+          "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
+          "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
+          "workload_failures_not_counted": "Workload failures (not counted)",
+          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
+TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end"}
+ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z?$")
+
+
+def column_label(name: str) -> str:
+    return LABELS.get(name) or name.replace("_", " ").capitalize()
+
+
+@hookimpl
+def extra_template_vars():
+    return {"column_label": column_label}
+
+
 @hookimpl
 def render_cell(row, value, column, table, database, datasette):
     if value is None or value == "":
         return None
     keys = row.keys() if hasattr(row, "keys") else []
     if column == "job_id" and "cluster" in keys and "restart" in keys:
-        return _link(datasette, _diag_path(row["cluster"], value, row["restart"]), escape(value))
+        text = escape(value) if not row["restart"] else escape(f"{value} (run {row['restart'] + 1})")
+        return _link(datasette, _diag_path(row["cluster"], value, row["restart"]), text)
+    if column in TIME_COLUMNS and table is None and isinstance(value, str) and ISO.match(value):
+        m = ISO.match(value)
+        return Markup('<time datetime="{}">{} {}</time>').format(value, m.group(1), m.group(2))
     if column in ("id", "diagnosis_id") and isinstance(value, str) and value.count("/") == 2:
         cluster, job, restart = value.split("/")
         if restart.isdigit():
@@ -180,6 +204,14 @@ async def diagnosis_page(datasette, request):
     timeline = sorted(evidence, key=lambda e: (_when(e) == "", _when(e), e["node"] or "",
                                                e["path"], e.get("line") or 0))
     show_text = await may_read_text(datasette, request.actor, db)
+    if request.url_vars.get("format"):
+        if not show_text:
+            d["evidence"] = [{k: v for k, v in e.items() if k != "text"} for e in evidence]
+        out = {"id": did, "created_at": row["created_at"], "updated_at": row["updated_at"],
+               "evidence_text": "shown" if show_text else "withheld", "diagnosis": d}
+        if show_text:
+            out["bundle_path"] = row["bundle_path"]
+        return Response.json(out)
     for e in timeline:
         title = (rules.get(e["rule"]) or {}).get("title") or e["rule"]
         m = XID.search(e.get("text") or "") if e["rule"] == "gpu.xid" else None
@@ -206,33 +238,148 @@ async def diagnosis_page(datasette, request):
         }, request=request))
 
 
+# Infrastructure faults (the node's or GPU's, not the user's program): as the hotspots count them.
+INFRA = ("(family in ('gpu', 'nvlink', 'network', 'storage') "
+         "or category in ('software_incompat', 'scheduler_node_failure'))")
+NODE_JOBS = f"""
+    select id, cluster, job_id, restart, job_name, user, partition, outcome, category,
+           culprit_node, culprit_gpu, summary, job_end, created_at,
+           case when culprit_node is not :node then 'took part'
+                when {INFRA} then 'cause'
+                else 'cause (workload)' end as role
+    from diagnoses
+    where culprit_node = :node
+       or id in (select diagnosis_id from job_nodes where node = :node)
+    order by created_at desc, id desc limit 500"""
+
+
 async def node_page(datasette, request):
     db = _db(datasette)
     node = request.url_vars["node"]
-    culprit = (await db.execute(
-        "select id, cluster, job_id, restart, job_name, outcome, category, culprit_gpu, "
-        "summary, created_at from diagnoses where culprit_node = ? "
-        "order by created_at desc limit 100", [node])).rows
-    missing = (await db.execute(
+    jobs = [dict(r) for r in (await db.execute(NODE_JOBS, {"node": node})).rows]
+    missing = [dict(r) for r in (await db.execute(
         "select m.source, count(*) as n, max(d.created_at) as last from missing_evidence m "
         "join diagnoses d on d.id = m.diagnosis_id where m.node = ? group by m.source "
-        "order by n desc", [node])).rows
-    gpus = (await db.execute(
-        "select culprit_gpu as gpu, max(gpu_serial) as serial, max(gpu_uuid) as uuid, "
-        "count(*) as n from diagnoses where culprit_node = ? and culprit_gpu is not null "
-        "group by culprit_gpu order by n desc", [node])).rows
+        "order by n desc", [node])).rows]
+    gpus = [dict(r) for r in (await db.execute(
+        f"select culprit_gpu as gpu, max(gpu_serial) as serial, max(gpu_uuid) as uuid, "
+        f"count(*) as n from diagnoses where culprit_node = ? and culprit_gpu is not null "
+        f"and {INFRA} group by culprit_gpu order by n desc", [node])).rows]
+    if request.url_vars.get("format"):
+        return Response.json({"node": node, "jobs": jobs, "gpus_blamed": gpus,
+                              "missing_telemetry": missing})
     return Response.html(await datasette.render_template(
         "sattrib_node.html", {
-            "node": node, "culprit": culprit, "missing": missing, "gpus": gpus,
+            "node": node, "jobs": jobs, "missing": missing, "gpus": gpus,
+            "caused": sum(j["role"] == "cause" for j in jobs),
             "diag_page": lambda r: datasette.urls.path(
                 _diag_path(r["cluster"], r["job_id"], r["restart"])),
         }, request=request))
 
 
+# -- the home page: the admin's first five seconds ----------------------------------------------
+# Actions that take a node or GPU out of service: these put a node on the drain list.
+DRAIN_ACTIONS = ("reset_gpu", "reboot_node", "drain_node")
+DRAIN_DAYS = 7
+SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+SINCE = "strftime('%Y-%m-%dT%H:%M:%SZ', 'now', :ago)"
+
+
+async def summary(db) -> dict:
+    async def rows(sql, params=None):
+        return [dict(r) for r in (await db.execute(sql, params or {})).rows]
+    total = (await rows("select count(*) as n, max(updated_at) as last from diagnoses"))[0]
+    windows = {}
+    for key, ago in (("24h", "-1 day"), ("7d", "-7 days")):
+        p = {"ago": ago}
+        windows[key] = {
+            "failures": (await rows(f"select count(*) as n from diagnoses "
+                                    f"where created_at >= {SINCE}", p))[0]["n"],
+            "by_outcome": await rows(
+                f"select outcome, count(*) as n from diagnoses where created_at >= {SINCE} "
+                f"group by outcome order by n desc, outcome", p),
+            "by_family": await rows(
+                f"select coalesce(family, outcome) as family, count(*) as n from diagnoses "
+                f"where created_at >= {SINCE} group by 1 order by n desc, 1", p),
+        }
+    w = windows["7d"]
+    unexplained = sum(r["n"] for r in w["by_outcome"] if r["outcome"] != "attributed")
+    drain = await rows(f"""
+        with latest as (
+          select *, row_number() over (partition by culprit_node
+                                       order by created_at desc, id desc) as n
+          from diagnoses
+          where outcome = 'attributed' and culprit_node is not null and created_at >= {SINCE})
+        select culprit_node as node, culprit_gpu as gpu, cluster, job_id, restart, category,
+               action_code, action, created_at
+        from latest
+        where n = 1 and {INFRA} and action_code in ({", ".join(f"'{a}'" for a in DRAIN_ACTIONS)})
+        order by created_at desc, node""", {"ago": f"-{DRAIN_DAYS} days"})
+    for r in drain:
+        ok = SLURM_NAME.match(r["node"]) and SLURM_NAME.match(str(r["job_id"]))
+        r["scontrol"] = (f'scontrol update NodeName={r["node"]} State=DRAIN '
+                         f'Reason="sattrib:{r["job_id"]} {r["category"]}"') if ok else None
+    missing = await rows(f"""
+        select m.source, count(distinct m.diagnosis_id) as diagnoses,
+               count(distinct m.node) as nodes
+        from diagnoses d join missing_evidence m on m.diagnosis_id = d.id
+        where d.created_at >= {SINCE} and m.node != 'job'
+        group by m.source order by diagnoses desc, m.source limit 5""", {"ago": "-7 days"})
+    return {"diagnoses": total["n"], "last_diagnosis_at": total["last"], "windows": windows,
+            "unexplained_7d": unexplained,
+            "unexplained_share_7d": round(unexplained / w["failures"], 3) if w["failures"]
+            else None,
+            "drain_days": DRAIN_DAYS, "drain_actions": list(DRAIN_ACTIONS), "drain": drain,
+            "missing_telemetry_7d": missing}
+
+
+async def home_page(datasette, request):
+    db = _db(datasette)
+    s = await summary(db)
+    if request.url_vars.get("format"):
+        return Response.json(s)
+    return Response.html(await datasette.render_template(
+        "sattrib_home.html", {
+            "s": s, "database": DB_NAME,
+            "show_text": await may_read_text(datasette, request.actor, db),
+            "diag_page": lambda r: datasette.urls.path(
+                _diag_path(r["cluster"], r["job_id"], r["restart"])),
+            "nodes_page": lambda n: datasette.urls.path(f"/node/{quote(n, safe='')}"),
+        }, request=request))
+
+
+async def job_page(datasette, request):
+    """The home page's job-id box: /job?id=1001 (or 1001.batch, 1001_3 as sacct prints them)
+    goes to the latest run's diagnosis; a job id known to two clusters lists both."""
+    raw = (request.args.get("id") or "").strip()
+    job = raw.split(".")[0]
+    db = _db(datasette)
+    runs = (await db.execute(
+        "select cluster, job_id, restart, outcome, category, created_at from diagnoses "
+        "where job_id = ? order by created_at desc, restart desc", [job])).rows if job else []
+    latest = {}
+    for r in runs:
+        latest.setdefault(r["cluster"], r)
+    if len(latest) == 1:
+        r = next(iter(latest.values()))
+        return Response.redirect(datasette.urls.path(
+            _diag_path(r["cluster"], r["job_id"], r["restart"])))
+    return Response.html(await datasette.render_template(
+        "sattrib_job.html", {
+            "job": raw, "runs": list(latest.values()),
+            "diag_page": lambda r: datasette.urls.path(
+                _diag_path(r["cluster"], r["job_id"], r["restart"])),
+        }, request=request), status=200 if latest else 404)
+
+
 @hookimpl
 def register_routes():
     return [
-        (r"^/diagnosis/(?P<cluster>[^/]+)/(?P<job>[^/]+)/(?P<restart>\d+)$", diagnosis_page),
-        (r"^/node/(?P<node>[^/]+)$", node_page),
+        (r"^/$", home_page),
+        (r"^/-/summary(?P<format>\.json)$", home_page),
+        (r"^/job$", job_page),
+        (r"^/diagnosis/(?P<cluster>[^/]+)/(?P<job>[^/]+)/(?P<restart>\d+)(?P<format>\.json)?$",
+         diagnosis_page),
+        (r"^/node/(?P<node>[^/]+?)(?P<format>\.json)?$", node_page),
         (r"^/-/databases(\.(?P<format>json))?$", databases_page),
     ]
