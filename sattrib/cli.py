@@ -201,15 +201,10 @@ Examples:
 def list_cmd(ctx, since, until, user, partition, category, node, outcome, state, infra,
              cluster, limit, parsable, as_json, database):
     """Diagnosed failures, newest first, like `sacct -S today --state=FAILED` (admins)."""
-    import os
-    from . import paths
-    from .lookup import connect_readonly, list_failures, parse_since, readable
-    db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
-    if not readable(db_path):
-        raise UserError(f"cannot read {db_path}: the list is for admins (root and SlurmUser's "
-                        "group)", "`sattrib JOBID` shows your own jobs")
-    rows = list_failures(connect_readonly(db_path), db_path, parse_since(since),
-                         parse_since(until) if until else None, cluster=cluster, user=user,
+    from .lookup import list_failures, parse_since
+    conn, db_path = _admin_db(ctx, database, "the list")
+    since, until = parse_since(since), parse_since(until) if until else None
+    rows = list_failures(conn, db_path, since, until, cluster=cluster, user=user,
                          partition=partition, category=category, node=node, outcome=outcome,
                          state=state, infra=infra, limit=limit)
     if as_json:
@@ -217,8 +212,8 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no diagnosed failures since {parse_since(since)}"
-                   + (f" until {parse_since(until)}" if until else ""), err=True)
+        click.echo(f"no diagnosed failures since {since}" + (f" until {until}" if until else ""),
+                   err=True)
         return
     table = [("ENDED (UTC)", "JOBID", "USER", "PARTITION", "STATE", "OUTCOME", "CATEGORY",
               "CULPRIT", "ACTION")]
@@ -228,9 +223,21 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
             culprit += f" rank {r['culprit_rank']}"
         job = f"{r['job_id']}" + (f".{r['restart']}" if r["restart"] else "")
         table.append(((r["ended"] or "")[:19].replace("T", " "), job, r["user"] or "-",
-                      r["partition"] or "-", r["job_state"] or "-", r["outcome"], r["category"] or "-", culprit,
-                      r["action_code"] or "-"))
+                      r["partition"] or "-", r["job_state"] or "-", r["outcome"],
+                      r["category"] or "-", culprit, r["action_code"] or "-"))
     _table(table, parsable)
+
+
+def _admin_db(ctx, database, what: str):
+    """(connection, path) of the database for an admin's command; one line for anyone else."""
+    import os
+    from . import paths
+    from .lookup import connect_readonly, readable
+    db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
+    if not readable(db_path):
+        raise UserError(f"cannot read {db_path}: {what} is for admins (root and SlurmUser's "
+                        "group)", "`sattrib JOBID` shows your own jobs")
+    return connect_readonly(db_path), db_path
 
 
 def _table(table: list, parsable: bool) -> None:
@@ -260,21 +267,16 @@ Examples:
 def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
     """Nodes (or GPUs) named most often as the culprit of an infrastructure fault; a user's
     exception or OOM is never counted as the node's (admins)."""
-    import os
-    from . import paths
-    from .lookup import connect_readonly, hotspot_rows, parse_since, readable
-    db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
-    if not readable(db_path):
-        raise UserError(f"cannot read {db_path}: hotspots are for admins (root and "
-                        "SlurmUser's group)", "`sattrib JOBID` shows your own jobs")
-    rows = hotspot_rows(connect_readonly(db_path), db_path, parse_since(since), gpu, cluster,
-                        limit)
+    from .lookup import hotspot_rows, parse_since
+    conn, db_path = _admin_db(ctx, database, "the hotspot list")
+    since = parse_since(since)
+    rows = hotspot_rows(conn, db_path, since, gpu, cluster, limit)
     if as_json:
         import json
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no infrastructure faults since {parse_since(since)}", err=True)
+        click.echo(f"no infrastructure faults since {since}", err=True)
         return
     head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST (UTC)") if gpu else \
         ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST (UTC)")

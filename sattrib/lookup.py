@@ -38,14 +38,10 @@ def find(conn: sqlite3.Connection, path: Path, job_id: str, cluster: Optional[st
     if restart is not None:
         where.append("restart = ?")
         args.append(restart)
-    try:
-        rows = conn.execute(
-            "SELECT cluster, restart, diagnosis_json FROM diagnoses WHERE "
-            + " AND ".join(where) + " ORDER BY cluster, restart", args).fetchall()
-    except sqlite3.OperationalError as e:
-        raise UserError(f"cannot read {path}: {e}",
-                        "is it a sattrib database? run `sattrib demo` to create one") from None
-    return [{"cluster": c, "restart": r, "diagnosis": json.loads(j)} for c, r, j in rows]
+    rows = _rows(conn, path, "SELECT cluster, restart, diagnosis_json FROM diagnoses WHERE "
+                 + " AND ".join(where) + " ORDER BY cluster, restart", args)
+    return [{"cluster": r["cluster"], "restart": r["restart"],
+             "diagnosis": json.loads(r["diagnosis_json"])} for r in rows]
 
 
 MAX_RESTARTS = 256
@@ -85,6 +81,17 @@ def find_in_bundles(bundle_dir: Path, clusters: list[str], job_id: str,
         if out:
             break
     return out
+
+
+def _rows(conn: sqlite3.Connection, path: Path, sql: str, args: list) -> list[dict]:
+    """The query's rows as dicts; a file that is not a sattrib database is a user error."""
+    try:
+        cur = conn.execute(sql, args)
+    except sqlite3.OperationalError as e:
+        raise UserError(f"cannot read {path}: {e}",
+                        "is it a sattrib database? run `sattrib demo` to create one") from None
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
 def parse_since(text: str, now: Optional[float] = None) -> str:
@@ -147,13 +154,7 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
            "category, "
            f"culprit_node, culprit_gpu, culprit_rank, action_code, summary, {when} AS ended "
            f"FROM diagnoses WHERE {' AND '.join(where)} ORDER BY ended DESC, id DESC LIMIT ?")
-    try:
-        cur = conn.execute(sql, args + [limit])
-    except sqlite3.OperationalError as e:
-        raise UserError(f"cannot read {path}: {e}",
-                        "is it a sattrib database? run `sattrib demo` to create one") from None
-    cols = [c[0] for c in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return _rows(conn, path, sql, args + [limit])
 
 
 def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = False,
@@ -177,10 +178,4 @@ def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = F
                "count(DISTINCT culprit_gpu) AS gpus, group_concat(DISTINCT category) AS "
                f"categories, max(created_at) AS last FROM diagnoses WHERE {' AND '.join(where)}"
                " GROUP BY culprit_node ORDER BY failures DESC, node LIMIT ?")
-    try:
-        cur = conn.execute(sql, args + [limit])
-    except sqlite3.OperationalError as e:
-        raise UserError(f"cannot read {path}: {e}",
-                        "is it a sattrib database? run `sattrib demo` to create one") from None
-    cols = [c[0] for c in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return _rows(conn, path, sql, args + [limit])

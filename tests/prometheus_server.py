@@ -102,7 +102,20 @@ def have_prometheus() -> bool:
     return bool(shutil.which("prometheus") and shutil.which("promtool"))
 
 
-class Answers500:
+class _Local:
+    """A loopback HTTP server on a free port, in a thread."""
+
+    def _serve(self, handler) -> None:
+        self.srv = HTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+class Answers500(_Local):
     """An HTTP server on a free loopback port that answers every request 500."""
 
     def __init__(self):
@@ -116,16 +129,10 @@ class Answers500:
 
             def log_message(self, *a):
                 pass
-        self.srv = HTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+        self._serve(H)
 
 
-class Recorder:
+class Recorder(_Local):
     """Answers every query with an empty success, keeping each request's Authorization header."""
 
     def __init__(self):
@@ -144,13 +151,7 @@ class Recorder:
 
             def log_message(self, *a):
                 pass
-        self.srv = HTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+        self._serve(H)
 
 
 class NeverAnswers:
