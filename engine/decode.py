@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from . import xid as xidcat
 from .lineparse import TimeContext, parse_stamp_text
-from .models import Line, Rule
+from .models import Line
+
+if TYPE_CHECKING:
+    from .models import Record as Rule
 from .taxonomy import Action, Category, Role, Source, Tag
 
 

@@ -1,15 +1,17 @@
 """Data shapes: the rule file, the inputs the pipeline reads, and the diagnosis it writes.
 
-`Rule` and `Diagnosis` are pydantic models (strict: unknown fields are errors). The pipeline's
-inputs (`Document`, `Line`, `JobInfo`) are plain dataclasses: collectors make thousands of them
-and they never cross a trust boundary as untyped data.
+All plain dataclasses: collectors make thousands of the pipeline's inputs (`Document`, `Line`,
+`JobInfo`), and the diagnosis is built on every analysis, where importing pydantic would cost a
+third of the start time. Rule files are validated by pydantic in engine/rule_spec.py.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .taxonomy import Action, Category, Outcome, Role, Source, Trust
 
@@ -18,78 +20,40 @@ from .taxonomy import Action, Category, Outcome, Role, Source, Trust
 # --------------------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+# The rule file's schema is engine/rule_spec.py (pydantic, used when the rule cache misses);
+# the engine reads a loaded rule through the plain record it becomes there.
 
 
-class MatchExample(_Strict):
-    line: str
-    captures: dict[str, str] = Field(default_factory=dict)
+class Record:
+    """A validated model as read-only attributes (nested models become records)."""
+    __slots__ = ("_fields",)
 
+    def __init__(self, fields: dict):
+        object.__setattr__(self, "_fields", fields)
 
-class NoMatchExample(_Strict):
-    line: str
+    def __getattr__(self, name):
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
+    def __setattr__(self, name, value):
+        raise AttributeError("a rule is read-only")
 
-class Examples(_Strict):
-    match: list[MatchExample] = Field(min_length=1)
-    no_match: list[NoMatchExample] = Field(default_factory=list)
+    def __getstate__(self):
+        return self._fields
 
+    def __setstate__(self, fields):
+        object.__setattr__(self, "_fields", fields)
 
-class Recast(_Strict):
-    """A context line that changes what a nearby later error means: a traceback frame of a
-    shared-memory semaphore makes the ENOSPC raised under it host memory, not a disk."""
-    rules: list[str] = Field(min_length=1)   # ids of the rules whose hits it recasts
-    category: Optional[Category] = None      # what they become (None: keep theirs)
-    role: Optional[Role] = None
-    action: Action = Action.none
-    within_bytes: int = Field(default=4096, ge=1, le=65536)   # how far after it, same file
-    why: str
+    def __eq__(self, other):
+        return isinstance(other, Record) and self._fields == other._fields
 
+    def __hash__(self):
+        return hash(self._fields.get("id"))
 
-class Rule(_Strict):
-    """One failure pattern: what a line means. Which hit is the root cause is engine code."""
-    id: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
-    title: str
-    category: Optional[Category] = None      # None only for pure context/locator rules
-    role: Role
-    source: list[Source] = Field(min_length=1)  # sources a line must come from to count
-    pattern: str
-    ignore_case: bool = False
-    explain: str                             # template over captures, {node} {rank} {gpu}
-    action: Action = Action.none
-    # Engine hook that refines the hit (e.g. "xid" applies the Xid catalog). Names a function
-    # in engine.decode; the rule says what the line is, the decoder adds what the catalog knows.
-    decode: Optional[str] = None
-    # A generic catch-all (e.g. any Python exception): dropped on a line that a specific rule
-    # also matched.
-    fallback: bool = False
-    # The catch-all of last resort (any Python exception): dropped on a line that any other
-    # rule matched, a fallback family rule (CUDA error text, NCCL WARN) included.
-    catch_all: bool = False
-    # Lines after the hit handed to the decoder (multi-line blocks such as torchelastic's
-    # "Root Cause" report). At most 8.
-    lines_after: int = Field(default=0, ge=0, le=8)
-    # A root only when nothing else in the job is one (a task's bare exit code, a reasonless
-    # cancel banner, a network error with no crash anywhere): the cause of last resort.
-    last_resort: bool = False
-    # Families (gpu, nvlink, network, storage, workload) whose trusted incident on the same node
-    # explains this line: a CUDA error on a node whose GPU fell off the bus is that GPU's fault.
-    explained_by: list[str] = Field(default_factory=list)
-    # Name of the capture a message catalog (engine/catalogs/*.tsv) is matched against; the
-    # whole message when the rule has no such capture.
-    catalog_key: str = "msg"
-    recasts: Optional[Recast] = None
-    # Name of a capture that must be the same on every node of a job (a library or driver
-    # version): where it differs, the odd node's line becomes a root of the rule's category.
-    same_across_nodes: Optional[str] = None
-    references: list[str] = Field(default_factory=list)
-    examples: Examples
-
-    @field_validator("source", mode="before")
-    @classmethod
-    def _one_or_many(cls, v):
-        return [v] if isinstance(v, str) else v
+    def __repr__(self):
+        return f"Record({self._fields.get('id', '')!r})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,10 +150,64 @@ class Bundle:
 # --------------------------------------------------------------------------------------------
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Out:
+    """The pydantic methods the callers use, on plain dataclasses: a diagnosis is built on every
+    analysis, and importing pydantic for it would cost a third of the start time. Output is what
+    pydantic wrote: fields in declaration order, enums by value, UTF-8 kept as it is."""
+
+    def model_dump(self, mode: str = "python") -> dict:
+        return _dump(self, mode == "json")
+
+    def model_dump_json(self, indent: Optional[int] = None) -> str:
+        return json.dumps(_dump(self, True), indent=indent, ensure_ascii=False,
+                          separators=None if indent is not None else (",", ":"))
+
+    def model_copy(self, update: Optional[dict] = None):
+        return dataclasses.replace(self, **(update or {}))
+
+    @classmethod
+    def model_validate(cls, data: dict):
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(sorted(unknown))}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _load(hints[k], v) for k, v in data.items()})
+
+    @classmethod
+    def model_validate_json(cls, text: str):
+        return cls.model_validate(json.loads(text))
 
 
+def _dump(v, as_json: bool):
+    if isinstance(v, _Out):
+        return {f.name: _dump(getattr(v, f.name), as_json) for f in dataclasses.fields(v)}
+    if isinstance(v, list):
+        return [_dump(x, as_json) for x in v]
+    if isinstance(v, Enum) and as_json:
+        return v.value
+    return v
+
+
+def _load(hint, v):
+    """A JSON value as the field's type: nested models, enums, optionals and lists of them."""
+    if v is None:
+        return None
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is list:
+        return [_load(args[0], x) for x in v]
+    if args and typing.get_origin(hint) is not list:       # Optional[X]
+        return _load(args[0], v)
+    if isinstance(hint, type) and issubclass(hint, _Out):
+        return hint.model_validate(v)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return hint(v)
+    return v
+
+
+_out = dataclass(kw_only=True)
+
+
+@_out
 class Evidence(_Out):
     id: str
     role: Role
@@ -209,6 +227,7 @@ class Evidence(_Out):
     root: Optional[str] = None     # for symptoms/confirmations: the root evidence id they follow
 
 
+@_out
 class Cause(_Out):
     category: Category
     node: Optional[str]
@@ -225,6 +244,7 @@ class Cause(_Out):
     trust: Trust          # the most trusted source among the cause's own evidence
 
 
+@_out
 class Symptom(_Out):
     category: str
     node: Optional[str]
@@ -232,18 +252,20 @@ class Symptom(_Out):
     summary: str
     evidence: list[str]
     count: int = 1
-    nodes: list[str] = Field(default_factory=list)
-    ranks: list[int] = Field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
     rule: str = ""
 
 
+@_out
 class Completeness(_Out):
     present: list[str]
     missing: list[str]
-    notes: list[str] = Field(default_factory=list)
-    failed_probes: list[str] = Field(default_factory=list)   # "nvidia-smi:node02 timed out"
+    notes: list[str] = field(default_factory=list)
+    failed_probes: list[str] = field(default_factory=list)   # "nvidia-smi:node02 timed out"
 
 
+@_out
 class JobSummary(_Out):
     cluster: Optional[str] = None
     name: Optional[str] = None
@@ -254,9 +276,10 @@ class JobSummary(_Out):
     exit_code: Optional[str] = None
     start: Optional[str] = None
     end: Optional[str] = None
-    nodes: list[str] = Field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
 
 
+@_out
 class Diagnosis(_Out):
     job_id: Optional[str]
     restart: int = 0
@@ -271,6 +294,6 @@ class Diagnosis(_Out):
     action_code: Action
     explanation: str
     order_note: Optional[str] = None
-    job: JobSummary = Field(default_factory=JobSummary)
+    job: JobSummary = field(default_factory=JobSummary)
     rules_version: str
     engine_version: str

@@ -16,15 +16,17 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from . import decode
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
 from .matcher import PatternError, Prefilter, compile_rule_pattern
-from .models import Rule
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
+
+if TYPE_CHECKING:
+    from .models import Record as Rule
 
 
 MAX_RULE_BYTES = 1 << 20          # one rule's YAML
@@ -107,6 +109,7 @@ class RuleSet:
 def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRule:
     import yaml  # noqa: PLC0415  (only when the rule cache misses: yaml and pydantic's
     from pydantic import ValidationError  # noqa: PLC0415  validation cost a start time)
+    from .rule_spec import Rule, record  # noqa: PLC0415
     rel = path.relative_to(root).as_posix()
     try:
         raw = read_capped(path, MAX_RULE_BYTES) if raw is None else raw
@@ -120,7 +123,7 @@ def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRu
     if not isinstance(data, dict):
         raise RuleError(f"{rel}: expected a mapping of rule fields")
     try:
-        rule = Rule.model_validate(data)
+        rule = record(Rule.model_validate(data))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(rule)"

@@ -41,3 +41,21 @@ def test_the_hook_path_does_not_load_click():
             "print('click' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_analyze_on_a_warm_rule_cache_loads_neither_pydantic_nor_yaml(tmp_path):
+    """Rule files are validated (pydantic) and parsed (YAML) only when the rule cache misses:
+    the two imports cost more than half of the start time otherwise."""
+    job = tmp_path / "job"
+    (job / "slurm").mkdir(parents=True)
+    (job / "slurm" / "job.txt").write_text("JobId=7 JobState=FAILED ExitCode=1:0\n")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path),
+           "PATH": "/usr/bin:/bin", "SATTRIB_CONFIG": str(tmp_path / "none.toml")}
+    code = ("import sys; from sattrib.cli import main\n"
+            "try:\n    main(['analyze', sys.argv[1], '--json'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('pydantic', 'yaml') if m in sys.modules), file=sys.stderr)")
+    runs = [subprocess.run([sys.executable, "-c", code, str(job)], capture_output=True,
+                           text=True, env=env, check=True) for _ in range(2)]
+    assert '"job_id": "7"' in runs[1].stdout
+    assert runs[1].stderr.strip().splitlines()[-1] == "[]"     # the first run warmed the cache

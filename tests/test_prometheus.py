@@ -256,10 +256,10 @@ def test_credentials_in_the_url_never_reach_notes():
 
 
 def test_a_url_with_a_password_is_refused_as_a_setting():
-    from pydantic import ValidationError
-    with pytest.raises(ValidationError, match="prometheus_password_file"):
+    from sattrib.config import InvalidSettings
+    with pytest.raises(InvalidSettings, match="prometheus_password_file"):
         Settings(prometheus_url="https://u:pw@prom.example:9090")
-    with pytest.raises(ValidationError, match="http:// or https://"):
+    with pytest.raises(InvalidSettings, match="http:// or https://"):
         Settings(prometheus_url="prom.example:9090")
 
 
