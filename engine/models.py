@@ -25,35 +25,23 @@ from .taxonomy import Action, Category, Outcome, Role, Source, Trust
 
 
 class Record:
-    """A validated model as read-only attributes (nested models become records)."""
-    __slots__ = ("_fields",)
+    """A validated model as read-only attributes (nested models become records). The fields
+    live in the instance dict: the engine reads a rule's fields for every hit line."""
 
     def __init__(self, fields: dict):
-        object.__setattr__(self, "_fields", fields)
-
-    def __getattr__(self, name):
-        try:
-            return self._fields[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        self.__dict__.update(fields)
 
     def __setattr__(self, name, value):
         raise AttributeError("a rule is read-only")
 
-    def __getstate__(self):
-        return self._fields
-
-    def __setstate__(self, fields):
-        object.__setattr__(self, "_fields", fields)
-
     def __eq__(self, other):
-        return isinstance(other, Record) and self._fields == other._fields
+        return isinstance(other, Record) and self.__dict__ == other.__dict__
 
     def __hash__(self):
-        return hash(self._fields.get("id"))
+        return hash(self.__dict__.get("id"))
 
     def __repr__(self):
-        return f"Record({self._fields.get('id', '')!r})"
+        return f"Record({self.__dict__.get('id', '')!r})"
 
 
 # --------------------------------------------------------------------------------------------
