@@ -38,6 +38,7 @@ METRICS_NAME = "metrics.json"
 PROBE_NAME = "prometheus"
 NODE_BATCH = 512           # nodes per query: a regular expression of a few kilobytes
 MAX_POINTS = 600           # per series and query: the step grows with the window
+MAX_BODY = 64 << 20        # bytes per answer: more is not a Prometheus answer we can use
 
 # dcgm-exporter (etc/default-counters.csv) and node_exporter (collector/infiniband_linux.go)
 # names. ECC DBE and NVLink CRC/replay are commented out in dcgm-exporter's default counters
@@ -164,6 +165,35 @@ def node_of(metric: dict, node_labels: list[str]) -> Optional[str]:
     return None
 
 
+class _Overrun(Exception):
+    pass
+
+
+def _read_body(r, deadline: float) -> bytes:
+    """The answer's body, read as it arrives: a server that sends slowly (a byte at a time,
+    each within the read timeout) is cut off at the connector's deadline, and a body larger
+    than MAX_BODY is refused, so neither can hold the worker past its budget."""
+    import requests
+    import urllib3
+
+    buf = bytearray()
+    while True:
+        if time.monotonic() > deadline:
+            raise _Overrun(f"the answer was still arriving when the connector's budget ran "
+                           f"out ({len(buf)} bytes read)")
+        try:
+            chunk = r.raw.read1(1 << 16, decode_content=True)
+        except urllib3.exceptions.ReadTimeoutError as e:      # as requests would raise them
+            raise requests.Timeout(str(e)) from None
+        except urllib3.exceptions.HTTPError as e:
+            raise requests.ConnectionError(str(e)) from None
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > MAX_BODY:
+            raise _Overrun(f"the answer is larger than {MAX_BODY >> 20} MiB")
+
+
 def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
           deadline: float) -> Fetched:
     """Never raises: what could not be fetched is an error entry for every node."""
@@ -222,18 +252,21 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
             out.queries += 1
             err = None
             try:
-                r = s.post(base + "/api/v1/query_range", headers=headers, auth=auth,
-                           verify=verify, allow_redirects=False,
-                           data={"query": q, "start": f"{lo:.3f}", "end": f"{hi:.3f}",
-                                 "step": f"{step}"},
-                           timeout=(min(st.prometheus_timeout_s, left),
-                                    min(st.prometheus_timeout_s, left)))
-                body = r.json() if r.headers.get("Content-Type", "").startswith(
+                with s.post(base + "/api/v1/query_range", headers=headers, auth=auth,
+                            verify=verify, allow_redirects=False, stream=True,
+                            data={"query": q, "start": f"{lo:.3f}", "end": f"{hi:.3f}",
+                                  "step": f"{step}"},
+                            timeout=(min(st.prometheus_timeout_s, left),
+                                     min(st.prometheus_timeout_s, left))) as r:
+                    raw = _read_body(r, deadline)
+                body = json.loads(raw) if r.headers.get("Content-Type", "").startswith(
                     "application/json") else None
                 if r.status_code != 200 or not isinstance(body, dict) \
                         or body.get("status") != "success":
                     msg = body.get("error") if isinstance(body, dict) else None
                     err = f"HTTP {r.status_code}" + (f": {str(msg)[:200]}" if msg else "")
+            except _Overrun as e:
+                err = str(e)
             except requests.Timeout:
                 err = f"no answer within {min(st.prometheus_timeout_s, left):g}s"
             except requests.RequestException as e:

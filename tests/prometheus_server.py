@@ -190,3 +190,35 @@ def token_file(tmp: Path, token: str, mode: int = 0o600) -> str:
     p.write_text(token + "\n")
     os.chmod(p, mode)
     return str(p)
+
+
+class Trickles(_Local):
+    """Answers 200 with a JSON body it sends one byte every `gap` seconds (each byte well
+    within any read timeout, the whole answer far beyond any budget)."""
+
+    def __init__(self, gap: float = 0.1, size: int = 4000):
+        self.stopping = threading.Event()
+        stopping = self.stopping
+        body = (b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+                .ljust(size, b" "))
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for i in range(len(body)):
+                    if stopping.wait(gap):
+                        return
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+
+            def log_message(self, *a):
+                pass
+        self._serve(H)
+
+    def stop(self):
+        self.stopping.set()
+        super().stop()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, closed_port_url,
-                               exposition, have_prometheus, openmetrics, steps, token_file)
+from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, Trickles,
+                               closed_port_url, exposition, have_prometheus, openmetrics, steps,
+                               token_file)
 from sattrib.analysis import analyze_folder
 from sattrib.collectors import prometheus
 from sattrib.config import Settings
@@ -172,6 +173,24 @@ def test_prometheus_down_erroring_or_hanging_leaves_metrics_missing(server, tmp_
     why = {"closed": "cannot reach it", "500": "HTTP 500", "hang": "no answer within 1s"}[server]
     assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
     assert d.root_cause is None or d.root_cause.category.value not in ("gpu_hardware",)
+
+
+@pytest.mark.prometheus
+def test_a_server_that_trickles_bytes_is_cut_off_at_the_budget(tmp_path):
+    # Every byte comes within the 1s read timeout; the whole answer would take 400s.
+    srv = Trickles(gap=0.1, size=4000)
+    try:
+        st = _settings(srv.url, timeout=1.0, budget=2.0)
+        t0 = time.monotonic()
+        d, got, _ = _diagnose_with_metrics(tmp_path, st, ["gn-xid"], {"gn-xid": QUIET})
+        took = time.monotonic() - t0
+    finally:
+        srv.stop()
+    assert got.queries == 1 and got.seconds < 2.0 + 0.5, (got.queries, got.seconds)
+    assert took < 2.0 + 5
+    assert "metrics:gn-xid" in d.completeness.missing
+    assert any("still arriving when the connector's budget ran out" in n
+               for n in d.completeness.failed_probes), d.completeness.failed_probes
 
 
 @pytest.mark.prometheus
