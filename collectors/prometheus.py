@@ -53,6 +53,7 @@ DEFAULT_SERIES = [
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_GPU_UTIL",
     "node_infiniband_link_downed_total",
     "node_infiniband_symbol_error_total",
     "node_infiniband_port_errors_received_total",
@@ -69,6 +70,8 @@ _COUNTERS = {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE
              "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
              "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_PENDING"}
 XID_SERIES = "DCGM_FI_DEV_XID_ERRORS"
+UTIL_SERIES = "DCGM_FI_DEV_GPU_UTIL"
+UTIL_BUSY, UTIL_IDLE = 50.0, 5.0   # percent: working before, idle from the fall to the end
 # Labels that are plumbing, not evidence (left out of the line, kept in metrics.json).
 _QUIET_LABELS = {"__name__", "job", "DCGM_FI_DRIVER_VERSION", "modelName",
                  "Hostname", "hostname", "instance", "node", "UUID", "err_msg"}
@@ -424,7 +427,7 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
             lo, step = (rng[0], rng[2]) if len(rng) == 3 else (None, None)
             if not isinstance(step, (int, float)) or not isinstance(lo, (int, float)):
                 lo, step = None, None
-            s = summarize(name, values, lo, step)
+            s = None if name == UTIL_SERIES else summarize(name, values, lo, step)
             if s is None:
                 continue
             lab = _labels(name, metric)
@@ -455,3 +458,101 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
         notes.append(f"{node}: no Prometheus series for {', '.join(sorted(set(absent)))} "
                      "(not exported for this node: missing, not healthy)")
     return out, notes
+
+
+# -- the hang picture -------------------------------------------------------------------------
+# Every GPU's utilisation falls to ~0 at about the same moment, except one that fell first:
+# the others waited for it in a collective. The picture says where, not why (a stalled rank,
+# a slow or stuck GPU, the host under it), so its rule (metrics.gpu_util_fell_first) names
+# the node and GPU and asks to inspect them; it is a root only when nothing else is.
+
+@dataclass(frozen=True)
+class Fall:
+    at: float                # the first idle sample (it fell in (at - step, at])
+    step: float
+    node: str
+    doc: str
+    line: int                # the query's entry in metrics.json (1-based)
+    labels: str
+    query: str
+    ui: str
+    before: float            # the last busy value and the value at the end
+    after: float
+    lo: float
+    hi: float
+
+
+def _fall(values: list) -> Optional[tuple[float, float, float]]:
+    """(when it fell, value before, value at the end): busy, then idle to the end."""
+    pts = []
+    for t, v in values:
+        try:
+            pts.append((float(t), float(v)))
+        except (TypeError, ValueError):
+            continue
+    pts = [(t, v) for t, v in pts if not math.isnan(v)]
+    i = len(pts)
+    while i > 0 and pts[i - 1][1] <= UTIL_IDLE:
+        i -= 1
+    if i == len(pts) or i == 0 or pts[i - 1][1] < UTIL_BUSY:
+        return None
+    return pts[i][0], pts[i - 1][1], pts[-1][1]
+
+
+def falls(text: str, node: str, doc: str) -> list[Fall]:
+    """Pure: the GPUs of one node's metrics.json whose utilisation fell and stayed down."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    out = []
+    for n, e in enumerate(entries if isinstance(entries, list) else [], 1):
+        if not isinstance(e, dict) or not isinstance(e.get("query"), str) \
+                or _series_name(e["query"]) != UTIL_SERIES:
+            continue
+        rng = e.get("range")
+        if not (isinstance(rng, list) and len(rng) == 3
+                and all(isinstance(x, (int, float)) for x in rng)):
+            continue
+        for series in e.get("result") if isinstance(e.get("result"), list) else []:
+            if not isinstance(series, dict) or not isinstance(series.get("values"), list):
+                continue
+            f = _fall(series["values"])
+            if f is None:
+                continue
+            ui = e.get("ui") if isinstance(e.get("ui"), str) else ""
+            out.append(Fall(at=f[0], step=float(rng[2]), node=node, doc=doc, line=n,
+                            labels=_labels(UTIL_SERIES, series.get("metric") or {}),
+                            query=e["query"], ui=ui, before=f[1], after=f[2],
+                            lo=float(rng[0]), hi=float(rng[1])))
+    return out
+
+
+def hang_lines(found: list[Fall]) -> list[Line]:
+    """Pure: the GPU (or GPUs, when two fell first within the sampling resolution) whose
+    utilisation fell clearly before the others', which fell together. Needs two or more
+    GPUs in the crowd; nothing when the picture is not that."""
+    if len(found) < 3:
+        return []
+    found = sorted(found, key=lambda f: (f.at, f.node, f.labels))
+    step = max(f.step for f in found)
+    first = [f for f in found if f.at <= found[0].at + step]
+    crowd = found[len(first):]
+    if len(crowd) < 2 or len(first) >= len(crowd):
+        return []
+    lead = crowd[0].at - first[-1].at
+    spread = crowd[-1].at - crowd[0].at
+    if lead <= 2 * step or spread > lead:
+        return []        # not clearly first, or the others did not fall together
+    out = []
+    for f in first:
+        msg = (f"{UTIL_SERIES}{f.labels} fell_first at={_iso(f.at)} "
+               f"lead={_num(crowd[0].at - f.at)}s others={len(crowd)} "
+               f"start={_num(f.before)} end={_num(f.after)}")
+        shown = msg
+        if f.ui.startswith(("http://", "https://")):
+            shown += " graph=" + graph_url(f.ui, f.query, f.lo, f.hi)
+        out.append(Line(doc=f.doc, line=f.line, offset=0, source=Source.gpu, node=f.node,
+                        rank=None, message=msg, shown=shown[:4000], ts=f.at - f.step,
+                        ts_res=f.step))
+    return out

@@ -46,7 +46,26 @@ def _samples():
     for node in ("gn-xid", "gn-ecc", "gn-ib", "gn-reset", "k1", "k2"):
         s.append((x["DCGM_FI_DEV_GPU_TEMP"], node, steps(LO, HI, lambda t: 64)))
         s.append((x["node_infiniband_state_id"], node, steps(LO, HI, lambda t: 4)))
+    # The hang picture: every GPU of gn-h1..3 falls idle together at OTHERS, except gn-h2's
+    # GPU 2 which fell at FIRST; in gn-m1..3 two GPUs on two nodes fell first, 10 s apart (less
+    # than the 15 s sampling step: which was first cannot be told).
+    for node in ("gn-h1", "gn-h2", "gn-h3", "gn-m1", "gn-m2", "gn-m3"):
+        for gpu in range(4):
+            fell = {("gn-h2", 2): FIRST, ("gn-m1", 1): FIRST, ("gn-m3", 0): FIRST + 10}.get(
+                (node, gpu), OTHERS)
+            s.append((_gpu(x["DCGM_FI_DEV_GPU_UTIL"], gpu), node,
+                      steps(LO, HI, lambda t, f=fell: 0 if t < START + 30 or t >= f else 97)))
     return s
+
+
+PCI = ["3B", "5D", "9A", "CB"]
+FIRST, OTHERS = END - 700, END - 400
+
+
+def _gpu(template: str, gpu: int) -> str:
+    """dcgm-exporter's series for GPU `gpu` of a node (the recorded line is GPU 0's)."""
+    return (template.replace('gpu="0"', f'gpu="{gpu}"').replace("nvidia0", f"nvidia{gpu}")
+            .replace(":3B:00.0", f":{PCI[gpu]}:00.0").replace("8e90", f"8e9{gpu}"))
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +154,49 @@ def test_ib_link_downed_on_one_node(prom, tmp_path):
                                      {"gn-ib": QUIET})
     assert (d.root_cause.category.value, d.root_cause.node) == ("network_ib", "gn-ib")
     assert "mlx5_0/1" in json.dumps(d.model_dump(mode="json"))
+
+
+@pytest.mark.prometheus
+def test_hang_the_gpu_whose_utilisation_fell_first_is_the_culprit(prom, tmp_path):
+    nodes = ["gn-h1", "gn-h2", "gn-h3"]
+    d, _, folder = _diagnose_with_metrics(tmp_path, _settings(prom.url), nodes,
+                                          {n: QUIET for n in nodes})
+    root = d.root_cause
+    assert d.outcome.value == "attributed", d.model_dump(mode="json")
+    assert (root.category.value, root.node, root.gpu) == ("application_error", "gn-h2",
+                                                         "0000:9a:00.0")
+    assert "inspect" in d.action and "drain" not in d.action
+    ev = [e for e in d.evidence if e.id in root.evidence][0]
+    assert ev.rule == "metrics.gpu_util_fell_first" and ev.trust.value == "node_telemetry"
+    assert "lead=300s others=11" in ev.text and "graph=" in ev.text
+    assert ev.path == "gn-h2/metrics.json"
+    again, _ = analyze_folder(folder)          # replayed from the bundle, byte for byte
+    assert json.dumps(again.model_dump(mode="json"), sort_keys=True) == json.dumps(
+        d.model_dump(mode="json"), sort_keys=True)
+
+
+@pytest.mark.prometheus
+def test_hang_two_gpus_fell_first_within_the_step_is_ambiguous(prom, tmp_path):
+    nodes = ["gn-m1", "gn-m2", "gn-m3"]
+    d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), nodes,
+                                     {n: QUIET for n in nodes})
+    assert d.outcome.value == "ambiguous", d.model_dump(mode="json")
+    assert {(c.node, c.gpu) for c in d.candidates} == {("gn-m1", "0000:5d:00.0"),
+                                                      ("gn-m3", "0000:3b:00.0")}
+
+
+def test_hang_needs_the_others_to_fall_together():
+    def fall(node, at):
+        return prometheus.Fall(at=at, step=15, node=node, doc=f"{node}/metrics.json", line=1,
+                               labels='{gpu="0"}', query="q", ui="", before=97, after=0,
+                               lo=0, hi=2000)
+    together = [fall("a", 1000), fall("b", 1300), fall("c", 1305), fall("d", 1310)]
+    assert [ln.node for ln in prometheus.hang_lines(together)] == ["a"]
+    spread = [fall("a", 1000), fall("b", 1100), fall("c", 1300), fall("d", 1500)]
+    assert prometheus.hang_lines(spread) == []          # a staggered end, no single first
+    close = [fall("a", 1000), fall("b", 1030), fall("c", 1040)]
+    assert prometheus.hang_lines(close) == []           # a 30 s lead at 15 s steps: too close
+    assert prometheus.hang_lines(together[:2]) == []    # two GPUs are no crowd
 
 
 @pytest.mark.prometheus
