@@ -272,6 +272,11 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
                 err = str(e)
             except requests.Timeout:
                 err = f"no answer within {min(st.prometheus_timeout_s, left):g}s"
+            except requests.exceptions.SSLError:
+                err = ("TLS: its certificate is not signed by " +
+                       (f"prometheus_ca_file {st.prometheus_ca_file}" if st.prometheus_ca_file
+                        else "a CA the system trusts (set prometheus_ca_file)") +
+                       " or does not name the host")
             except requests.RequestException as e:
                 err = f"cannot reach it ({type(e).__name__})"
             except ValueError:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, Trickles,
-                               closed_port_url, exposition, have_prometheus, openmetrics, steps,
-                               token_file)
+                               closed_port_url, exposition, have_prometheus, openmetrics,
+                               self_signed_ca, steps, token_file)
 from sattrib.analysis import analyze_folder
 from sattrib.collectors import prometheus
 from sattrib.config import Settings
@@ -74,6 +74,24 @@ def prom(tmp_path_factory):
         pytest.skip("prometheus / promtool not installed (tests/integration/setup-system.sh "
                     "installs Debian's prometheus package)")
     p = Prometheus(tmp_path_factory.mktemp("prom"), openmetrics(_samples()))
+    yield p
+    p.stop()
+
+
+PASSWORD = "correct-horse-5b1e07"
+
+
+@pytest.fixture(scope="module")
+def secure_prom(tmp_path_factory):
+    """Prometheus as sites run it: TLS (a CA of its own) and basic auth (--web.config.file)."""
+    if not have_prometheus():
+        pytest.skip("prometheus / promtool not installed (tests/integration/setup-system.sh)")
+    pytest.importorskip("bcrypt", reason="the bcrypt test extra hashes the password")
+    x = exposition()
+    samples = [(x["DCGM_FI_DEV_XID_ERRORS"], "gn-xid",
+                steps(LO, HI, lambda t: 0 if t < FAIL else 79))]
+    p = Prometheus(tmp_path_factory.mktemp("secure-prom"), openmetrics(samples),
+                   secure=("sattrib", PASSWORD))
     yield p
     p.stop()
 
@@ -235,6 +253,41 @@ def test_prometheus_down_erroring_or_hanging_leaves_metrics_missing(server, tmp_
     why = {"closed": "cannot reach it", "500": "HTTP 500", "hang": "no answer within 1s"}[server]
     assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
     assert d.root_cause is None or d.root_cause.category.value not in ("gpu_hardware",)
+
+
+def _password_file(tmp_path, password):
+    p = tmp_path / "prom.password"
+    p.write_text(password + "\n")
+    os.chmod(p, 0o600)
+    return str(p)
+
+
+@pytest.mark.parametrize("case", ["right", "wrong password", "no CA", "another CA"])
+@pytest.mark.prometheus
+def test_tls_and_basic_auth_on_a_real_prometheus(secure_prom, case, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    ca = str(secure_prom.ca)
+    if case == "another CA":
+        ca = str(self_signed_ca(tmp_path, "not-the-servers-ca")[0])
+    password = "wrong-pass-92c3d" if case == "wrong password" else PASSWORD
+    st = _settings(secure_prom.url, prometheus_user="sattrib",
+                   prometheus_password_file=_password_file(tmp_path, password),
+                   prometheus_ca_file="" if case == "no CA" else ca)
+    d, got, folder = _diagnose_with_metrics(tmp_path, st, ["gn-xid"], {"gn-xid": QUIET})
+    everything = (json.dumps(d.model_dump(mode="json")) + caplog.text + " ".join(got.notes) +
+                  "".join(p.read_text() for p in folder.rglob("*") if p.is_file()))
+    assert PASSWORD not in everything and "wrong-pass-92c3d" not in everything
+    if case == "right":
+        assert (d.root_cause.category.value, d.root_cause.node) == ("gpu_hardware", "gn-xid")
+        assert "metrics:gn-xid" in d.completeness.present
+        return
+    assert got.queries == 1                      # the first refusal stops the asking
+    assert "metrics:gn-xid" in d.completeness.missing
+    assert d.root_cause is None or d.root_cause.category.value != "gpu_hardware"
+    why = {"wrong password": "HTTP 401",
+           "no CA": "not signed by a CA the system trusts (set prometheus_ca_file)",
+           "another CA": f"not signed by prometheus_ca_file {ca}"}[case]
+    assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
 
 
 @pytest.mark.prometheus
