@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from ..engine.models import Line
+from ..engine.models import METRIC_POINTS, Line
 from ..engine.taxonomy import Source
 
 METRICS_NAME = "metrics.json"
@@ -328,6 +328,26 @@ def _labels(name: str, metric: dict) -> str:
     return "{" + ",".join(f'{k}="{keep[k]}"' for k in order) + "}"
 
 
+def _label_dict(name: str, metric: dict) -> dict:
+    quiet = _QUIET_LABELS | ({"device"} if name.startswith("DCGM_") else set())
+    return {str(k): str(v) for k, v in sorted(metric.items()) if k not in quiet}
+
+
+def _points(values: list, at: float) -> list[tuple[float, float]]:
+    """The samples around `at` for the evidence's chart: a third before, the rest after."""
+    pts = []
+    for t, v in values:
+        try:
+            t, v = float(t), float(v)
+        except (TypeError, ValueError):
+            continue
+        if not math.isnan(v) and not math.isinf(v):
+            pts.append((t, v))
+    i = next((k for k, (t, _) in enumerate(pts) if t >= at), len(pts))
+    lo = max(0, min(i - METRIC_POINTS // 3, len(pts) - METRIC_POINTS))
+    return pts[lo:lo + METRIC_POINTS]
+
+
 def _num(v) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
@@ -448,13 +468,18 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
             msg = f"{name}{lab} {body}"
             shown = msg
             ui = ui_url or (e.get("ui") if isinstance(e.get("ui"), str) else "")
+            graph = None
             if ui.startswith(("http://", "https://")) and values:
                 t_lo, t_hi = float(values[0][0]), float(values[-1][0])
-                shown += " graph=" + graph_url(ui, q, t_lo, t_hi)
+                graph = graph_url(ui, q, t_lo, t_hi)
+                shown += " graph=" + graph
             out.append(Line(doc=doc, line=n, offset=0, source=source(name), node=node,
                             rank=None, message=msg[:2000], shown=shown[:4000],
                             # it changed after the sample before: (at - step, at]
-                            ts=s["at"] - step if step else s["at"], ts_res=step or 1.0))
+                            ts=s["at"] - step if step else s["at"], ts_res=step or 1.0,
+                            metric={"series": name, "labels": _label_dict(name, metric),
+                                    "start": s["start"], "end": s["end"], "graph": graph,
+                                    "points": _points(values, s["at"])}))
     if failed:
         out.append(Line(doc=doc, line=0, offset=0, source=Source.probe, node=node, rank=None,
                         message=f"probe={PROBE_NAME} source=metrics ok=false "
@@ -485,6 +510,9 @@ class Fall:
     after: float
     lo: float
     hi: float
+    labels_dict: tuple = ()
+    points: tuple = ()
+    first: float = 0.0       # the value when the window opened
 
 
 def _fall(values: list) -> Optional[tuple[float, float, float]]:
@@ -529,7 +557,11 @@ def falls(text: str, node: str, doc: str) -> list[Fall]:
             out.append(Fall(at=f[0], step=float(rng[2]), node=node, doc=doc, line=n,
                             labels=_labels(UTIL_SERIES, series.get("metric") or {}),
                             query=e["query"], ui=ui, before=f[1], after=f[2],
-                            lo=float(rng[0]), hi=float(rng[1])))
+                            lo=float(rng[0]), hi=float(rng[1]),
+                            labels_dict=tuple(_label_dict(
+                                UTIL_SERIES, series.get("metric") or {}).items()),
+                            points=tuple(_points(series["values"], f[0])),
+                            first=_points(series["values"], f[0] - 1e12)[0][1]))
     return out
 
 
@@ -554,10 +586,14 @@ def hang_lines(found: list[Fall]) -> list[Line]:
         msg = (f"{UTIL_SERIES}{f.labels} fell_first at={_iso(f.at)} "
                f"lead={_num(crowd[0].at - f.at)}s others={len(crowd)} "
                f"start={_num(f.before)} end={_num(f.after)}")
-        shown = msg
+        shown, graph = msg, None
         if f.ui.startswith(("http://", "https://")):
-            shown += " graph=" + graph_url(f.ui, f.query, f.lo, f.hi)
+            graph = graph_url(f.ui, f.query, f.lo, f.hi)
+            shown += " graph=" + graph
         out.append(Line(doc=f.doc, line=f.line, offset=0, source=Source.gpu, node=f.node,
                         rank=None, message=msg, shown=shown[:4000], ts=f.at - f.step,
-                        ts_res=f.step))
+                        ts_res=f.step,
+                        metric={"series": UTIL_SERIES, "labels": dict(f.labels_dict),
+                                "start": f.first, "end": f.after, "graph": graph,
+                                "points": list(f.points)}))
     return out

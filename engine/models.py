@@ -133,6 +133,9 @@ class Line:
     # matched: rule id -> (captured groups that took part, index of the rule's message-catalog
     # row that classifies the hit or None). None: extract searches itself.
     found: Optional[dict[str, tuple[dict[str, str], Optional[int]]]] = None
+    # A metric line (collectors/prometheus.py): what the evidence shows of its series
+    # (the fields of Metric below).
+    metric: Optional[dict] = None
 
     @property
     def text(self) -> str:
@@ -190,6 +193,21 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Metric(_Out):
+    """What a metric's evidence line is about: its series and labels, the values at the start
+    and end of the window, the Prometheus graph of its query for the window, and the samples
+    around the change (epoch seconds, value; at most METRIC_POINTS) for a small chart."""
+    series: str
+    labels: dict[str, str]
+    start: float
+    end: float
+    graph: Optional[str] = None
+    points: list[tuple[float, float]] = Field(default_factory=list)
+
+
+METRIC_POINTS = 60
+
+
 class Evidence(_Out):
     id: str
     role: Role
@@ -207,6 +225,7 @@ class Evidence(_Out):
     offset: Optional[int] = None
     cursor: Optional[str] = None
     root: Optional[str] = None     # for symptoms/confirmations: the root evidence id they follow
+    metric: Optional[Metric] = None   # for metric lines (from Prometheus): the series behind it
 
 
 class Cause(_Out):
