@@ -190,10 +190,28 @@ class FolderReader:
             bundle.documents.extend(part.documents)
             bundle.lines.extend(part.lines)
             bundle.notes.extend(part.notes)
+        bundle.lines.extend(self._hang(root, bundle))
         self._cap_job(bundle)
         if not bundle.job.job_id:
             bundle.job.job_id = job_id_from_names(d.path for d in bundle.documents)
         return bundle
+
+    def _hang(self, root: Path, bundle: Bundle) -> list[Line]:
+        """The hang picture is across nodes: every node's GPU utilisation, read together."""
+        found = []
+        for doc in bundle.documents:
+            if doc.kind != "metrics" or doc.node is None:
+                continue
+            try:
+                fd, _ = open_regular(str(root / doc.path), owner=self.owner)
+            except SkipFile:
+                continue
+            try:
+                text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            found += prometheus.falls(text, doc.node, doc.path)
+        return prometheus.hang_lines(found)
 
     PARALLEL_MIN_BYTES = 64 << 20
     CLOCK_TOLERANCE = 10.0     # below this, an offset is epilog start delay, not clock skew

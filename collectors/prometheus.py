@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from ..engine.models import Line
+from ..engine.models import METRIC_POINTS, Line
 from ..engine.taxonomy import Source
 
 METRICS_NAME = "metrics.json"
 PROBE_NAME = "prometheus"
 NODE_BATCH = 512           # nodes per query: a regular expression of a few kilobytes
 MAX_POINTS = 600           # per series and query: the step grows with the window
+MAX_BODY = 64 << 20        # bytes per answer: more is not a Prometheus answer we can use
 
 # dcgm-exporter (etc/default-counters.csv) and node_exporter (collector/infiniband_linux.go)
 # names. ECC DBE and NVLink CRC/replay are commented out in dcgm-exporter's default counters
@@ -52,6 +53,7 @@ DEFAULT_SERIES = [
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_GPU_UTIL",
     "node_infiniband_link_downed_total",
     "node_infiniband_symbol_error_total",
     "node_infiniband_port_errors_received_total",
@@ -68,6 +70,8 @@ _COUNTERS = {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE
              "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
              "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_PENDING"}
 XID_SERIES = "DCGM_FI_DEV_XID_ERRORS"
+UTIL_SERIES = "DCGM_FI_DEV_GPU_UTIL"
+UTIL_BUSY, UTIL_IDLE = 50.0, 5.0   # percent: working before, idle from the fall to the end
 # Labels that are plumbing, not evidence (left out of the line, kept in metrics.json).
 _QUIET_LABELS = {"__name__", "job", "DCGM_FI_DRIVER_VERSION", "modelName",
                  "Hostname", "hostname", "instance", "node", "UUID", "err_msg"}
@@ -164,6 +168,35 @@ def node_of(metric: dict, node_labels: list[str]) -> Optional[str]:
     return None
 
 
+class _Overrun(Exception):
+    pass
+
+
+def _read_body(r, deadline: float) -> bytes:
+    """The answer's body, read as it arrives: a server that sends slowly (a byte at a time,
+    each within the read timeout) is cut off at the connector's deadline, and a body larger
+    than MAX_BODY is refused, so neither can hold the worker past its budget."""
+    import requests
+    import urllib3
+
+    buf = bytearray()
+    while True:
+        if time.monotonic() > deadline:
+            raise _Overrun(f"the answer was still arriving when the connector's budget ran "
+                           f"out ({len(buf)} bytes read)")
+        try:
+            chunk = r.raw.read1(1 << 16, decode_content=True)
+        except urllib3.exceptions.ReadTimeoutError as e:      # as requests would raise them
+            raise requests.Timeout(str(e)) from None
+        except urllib3.exceptions.HTTPError as e:
+            raise requests.ConnectionError(str(e)) from None
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > MAX_BODY:
+            raise _Overrun(f"the answer is larger than {MAX_BODY >> 20} MiB")
+
+
 def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
           deadline: float) -> Fetched:
     """Never raises: what could not be fetched is an error entry for every node."""
@@ -222,20 +255,28 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
             out.queries += 1
             err = None
             try:
-                r = s.post(base + "/api/v1/query_range", headers=headers, auth=auth,
-                           verify=verify, allow_redirects=False,
-                           data={"query": q, "start": f"{lo:.3f}", "end": f"{hi:.3f}",
-                                 "step": f"{step}"},
-                           timeout=(min(st.prometheus_timeout_s, left),
-                                    min(st.prometheus_timeout_s, left)))
-                body = r.json() if r.headers.get("Content-Type", "").startswith(
+                with s.post(base + "/api/v1/query_range", headers=headers, auth=auth,
+                            verify=verify, allow_redirects=False, stream=True,
+                            data={"query": q, "start": f"{lo:.3f}", "end": f"{hi:.3f}",
+                                  "step": f"{step}"},
+                            timeout=(min(st.prometheus_timeout_s, left),
+                                     min(st.prometheus_timeout_s, left))) as r:
+                    raw = _read_body(r, deadline)
+                body = json.loads(raw) if r.headers.get("Content-Type", "").startswith(
                     "application/json") else None
                 if r.status_code != 200 or not isinstance(body, dict) \
                         or body.get("status") != "success":
                     msg = body.get("error") if isinstance(body, dict) else None
                     err = f"HTTP {r.status_code}" + (f": {str(msg)[:200]}" if msg else "")
+            except _Overrun as e:
+                err = str(e)
             except requests.Timeout:
                 err = f"no answer within {min(st.prometheus_timeout_s, left):g}s"
+            except requests.exceptions.SSLError:
+                err = ("TLS: its certificate is not signed by " +
+                       (f"prometheus_ca_file {st.prometheus_ca_file}" if st.prometheus_ca_file
+                        else "a CA the system trusts (set prometheus_ca_file)") +
+                       " or does not name the host")
             except requests.RequestException as e:
                 err = f"cannot reach it ({type(e).__name__})"
             except ValueError:
@@ -285,6 +326,26 @@ def _labels(name: str, metric: dict) -> str:
     keep = {k: v for k, v in metric.items() if k not in quiet}
     order = sorted(keep, key=lambda k: (k not in ("gpu", "pci_bus_id", "device", "port"), k))
     return "{" + ",".join(f'{k}="{keep[k]}"' for k in order) + "}"
+
+
+def _label_dict(name: str, metric: dict) -> dict:
+    quiet = _QUIET_LABELS | ({"device"} if name.startswith("DCGM_") else set())
+    return {str(k): str(v) for k, v in sorted(metric.items()) if k not in quiet}
+
+
+def _points(values: list, at: float) -> list[tuple[float, float]]:
+    """The samples around `at` for the evidence's chart: a third before, the rest after."""
+    pts = []
+    for t, v in values:
+        try:
+            t, v = float(t), float(v)
+        except (TypeError, ValueError):
+            continue
+        if not math.isnan(v) and not math.isinf(v):
+            pts.append((t, v))
+    i = next((k for k, (t, _) in enumerate(pts) if t >= at), len(pts))
+    lo = max(0, min(i - METRIC_POINTS // 3, len(pts) - METRIC_POINTS))
+    return pts[lo:lo + METRIC_POINTS]
 
 
 def _num(v) -> str:
@@ -391,7 +452,7 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
             lo, step = (rng[0], rng[2]) if len(rng) == 3 else (None, None)
             if not isinstance(step, (int, float)) or not isinstance(lo, (int, float)):
                 lo, step = None, None
-            s = summarize(name, values, lo, step)
+            s = None if name == UTIL_SERIES else summarize(name, values, lo, step)
             if s is None:
                 continue
             lab = _labels(name, metric)
@@ -407,13 +468,18 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
             msg = f"{name}{lab} {body}"
             shown = msg
             ui = ui_url or (e.get("ui") if isinstance(e.get("ui"), str) else "")
+            graph = None
             if ui.startswith(("http://", "https://")) and values:
                 t_lo, t_hi = float(values[0][0]), float(values[-1][0])
-                shown += " graph=" + graph_url(ui, q, t_lo, t_hi)
+                graph = graph_url(ui, q, t_lo, t_hi)
+                shown += " graph=" + graph
             out.append(Line(doc=doc, line=n, offset=0, source=source(name), node=node,
                             rank=None, message=msg[:2000], shown=shown[:4000],
                             # it changed after the sample before: (at - step, at]
-                            ts=s["at"] - step if step else s["at"], ts_res=step or 1.0))
+                            ts=s["at"] - step if step else s["at"], ts_res=step or 1.0,
+                            metric={"series": name, "labels": _label_dict(name, metric),
+                                    "start": s["start"], "end": s["end"], "graph": graph,
+                                    "points": _points(values, s["at"])}))
     if failed:
         out.append(Line(doc=doc, line=0, offset=0, source=Source.probe, node=node, rank=None,
                         message=f"probe={PROBE_NAME} source=metrics ok=false "
@@ -422,3 +488,112 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
         notes.append(f"{node}: no Prometheus series for {', '.join(sorted(set(absent)))} "
                      "(not exported for this node: missing, not healthy)")
     return out, notes
+
+
+# -- the hang picture -------------------------------------------------------------------------
+# Every GPU's utilisation falls to ~0 at about the same moment, except one that fell first:
+# the others waited for it in a collective. The picture says where, not why (a stalled rank,
+# a slow or stuck GPU, the host under it), so its rule (metrics.gpu_util_fell_first) names
+# the node and GPU and asks to inspect them; it is a root only when nothing else is.
+
+@dataclass(frozen=True)
+class Fall:
+    at: float                # the first idle sample (it fell in (at - step, at])
+    step: float
+    node: str
+    doc: str
+    line: int                # the query's entry in metrics.json (1-based)
+    labels: str
+    query: str
+    ui: str
+    before: float            # the last busy value and the value at the end
+    after: float
+    lo: float
+    hi: float
+    labels_dict: tuple = ()
+    points: tuple = ()
+    first: float = 0.0       # the value when the window opened
+
+
+def _fall(values: list) -> Optional[tuple[float, float, float]]:
+    """(when it fell, value before, value at the end): busy, then idle to the end."""
+    pts = []
+    for t, v in values:
+        try:
+            pts.append((float(t), float(v)))
+        except (TypeError, ValueError):
+            continue
+    pts = [(t, v) for t, v in pts if not math.isnan(v)]
+    i = len(pts)
+    while i > 0 and pts[i - 1][1] <= UTIL_IDLE:
+        i -= 1
+    if i == len(pts) or i == 0 or pts[i - 1][1] < UTIL_BUSY:
+        return None
+    return pts[i][0], pts[i - 1][1], pts[-1][1]
+
+
+def falls(text: str, node: str, doc: str) -> list[Fall]:
+    """Pure: the GPUs of one node's metrics.json whose utilisation fell and stayed down."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    out = []
+    for n, e in enumerate(entries if isinstance(entries, list) else [], 1):
+        if not isinstance(e, dict) or not isinstance(e.get("query"), str) \
+                or _series_name(e["query"]) != UTIL_SERIES:
+            continue
+        rng = e.get("range")
+        if not (isinstance(rng, list) and len(rng) == 3
+                and all(isinstance(x, (int, float)) for x in rng)):
+            continue
+        for series in e.get("result") if isinstance(e.get("result"), list) else []:
+            if not isinstance(series, dict) or not isinstance(series.get("values"), list):
+                continue
+            f = _fall(series["values"])
+            if f is None:
+                continue
+            ui = e.get("ui") if isinstance(e.get("ui"), str) else ""
+            out.append(Fall(at=f[0], step=float(rng[2]), node=node, doc=doc, line=n,
+                            labels=_labels(UTIL_SERIES, series.get("metric") or {}),
+                            query=e["query"], ui=ui, before=f[1], after=f[2],
+                            lo=float(rng[0]), hi=float(rng[1]),
+                            labels_dict=tuple(_label_dict(
+                                UTIL_SERIES, series.get("metric") or {}).items()),
+                            points=tuple(_points(series["values"], f[0])),
+                            first=_points(series["values"], f[0] - 1e12)[0][1]))
+    return out
+
+
+def hang_lines(found: list[Fall]) -> list[Line]:
+    """Pure: the GPU (or GPUs, when two fell first within the sampling resolution) whose
+    utilisation fell clearly before the others', which fell together. Needs two or more
+    GPUs in the crowd; nothing when the picture is not that."""
+    if len(found) < 3:
+        return []
+    found = sorted(found, key=lambda f: (f.at, f.node, f.labels))
+    step = max(f.step for f in found)
+    first = [f for f in found if f.at <= found[0].at + step]
+    crowd = found[len(first):]
+    if len(crowd) < 2 or len(first) >= len(crowd):
+        return []
+    lead = crowd[0].at - first[-1].at
+    spread = crowd[-1].at - crowd[0].at
+    if lead <= 2 * step or spread > lead:
+        return []        # not clearly first, or the others did not fall together
+    out = []
+    for f in first:
+        msg = (f"{UTIL_SERIES}{f.labels} fell_first at={_iso(f.at)} "
+               f"lead={_num(crowd[0].at - f.at)}s others={len(crowd)} "
+               f"start={_num(f.before)} end={_num(f.after)}")
+        shown, graph = msg, None
+        if f.ui.startswith(("http://", "https://")):
+            graph = graph_url(f.ui, f.query, f.lo, f.hi)
+            shown += " graph=" + graph
+        out.append(Line(doc=f.doc, line=f.line, offset=0, source=Source.gpu, node=f.node,
+                        rank=None, message=msg, shown=shown[:4000], ts=f.at - f.step,
+                        ts_res=f.step,
+                        metric={"series": UTIL_SERIES, "labels": dict(f.labels_dict),
+                                "start": f.first, "end": f.after, "graph": graph,
+                                "points": list(f.points)}))
+    return out

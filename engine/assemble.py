@@ -10,7 +10,8 @@ from typing import Optional
 from .decode import Event
 from .incident import Incident
 from .lineparse import iso_utc
-from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Symptom)
+from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Metric,
+                     Symptom)
 from .taxonomy import TRUST, Action, Outcome, Role, Source, Tag
 from .verdict import cause_action, cause_trust, rank_list
 from .xid import meaning as xid_meaning
@@ -102,7 +103,8 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
             line=e.line.line, timestamp=_stamp(e),
             text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
             category=e.category, offset=e.line.offset if e.line.line is None else None,
-            cursor=e.line.cursor, root=root_id if e.id != root_id else None))
+            cursor=e.line.cursor, root=root_id if e.id != root_id else None,
+            metric=Metric(**e.line.metric) if e.line.metric else None))
 
     causes = []
     for inc in winners:

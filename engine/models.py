@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -85,6 +86,9 @@ class Line:
     # matched: rule id -> (captured groups that took part, index of the rule's message-catalog
     # row that classifies the hit or None). None: extract searches itself.
     found: Optional[dict[str, tuple[dict[str, str], Optional[int]]]] = None
+    # A metric line (collectors/prometheus.py): what the evidence shows of its series
+    # (the fields of Metric below).
+    metric: Optional[dict] = None
 
     @property
     def text(self) -> str:
@@ -169,10 +173,12 @@ class _Out:
 def _dump(v, as_json: bool):
     if isinstance(v, _Out):
         return {f.name: _dump(getattr(v, f.name), as_json) for f in dataclasses.fields(v)}
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return [_dump(x, as_json) for x in v]
     if isinstance(v, Enum) and as_json:
         return v.value
+    if isinstance(v, float) and as_json and not math.isfinite(v):
+        return None                               # JSON has no NaN or infinity
     return v
 
 
@@ -196,6 +202,22 @@ _out = dataclass(kw_only=True)
 
 
 @_out
+class Metric(_Out):
+    """What a metric's evidence line is about: its series and labels, the values at the start
+    and end of the window, the Prometheus graph of its query for the window, and the samples
+    around the change (epoch seconds, value; at most METRIC_POINTS) for a small chart."""
+    series: str
+    labels: dict[str, str]
+    start: float
+    end: float
+    graph: Optional[str] = None
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+METRIC_POINTS = 60
+
+
+@_out
 class Evidence(_Out):
     id: str
     role: Role
@@ -213,6 +235,7 @@ class Evidence(_Out):
     offset: Optional[int] = None
     cursor: Optional[str] = None
     root: Optional[str] = None     # for symptoms/confirmations: the root evidence id they follow
+    metric: Optional[Metric] = None   # for metric lines (from Prometheus): the series behind it
 
 
 @_out

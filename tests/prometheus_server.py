@@ -1,7 +1,8 @@
 """A real Prometheus for the tests: recorded exporter series backfilled into a fresh TSDB with
 `promtool tsdb create-blocks-from openmetrics`, then `prometheus` serving it on a free loopback
-port. Also the two broken servers a connector must survive: one that answers 500, one that
-accepts and never answers."""
+port (optionally over TLS with basic auth, as sites deploy it). Also the broken servers a
+connector must survive: one that answers 500, one that accepts and never answers, one that
+trickles its answer a byte at a time."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Optional
 
 import requests
 
@@ -55,11 +57,54 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def self_signed_ca(tmp: Path, name: str) -> tuple[Path, Path]:
+    """A CA of our own (openssl): (certificate, key)."""
+    crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", crt,
+             "-days", "2", "-subj", f"/CN={name}",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    return crt, key
+
+
+def server_cert(tmp: Path, ca: tuple[Path, Path]) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by `ca`: (certificate, key)."""
+    crt, key, csr, ext = (tmp / "server.crt", tmp / "server.key", tmp / "server.csr",
+                          tmp / "server.ext")
+    ext.write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                   "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                   "extendedKeyUsage=serverAuth\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+             "-subj", "/CN=127.0.0.1")
+    _openssl("x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
+             "-out", crt, "-days", "2", "-extfile", ext)
+    return crt, key
+
+
+def _openssl(*args) -> None:
+    r = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 class Prometheus:
-    def __init__(self, tmp: Path, text: str):
+    """`secure=(user, password)`: served over TLS with a certificate from a CA of its own
+    (`self.ca`), basic auth required (the password's bcrypt hash in --web.config.file)."""
+
+    def __init__(self, tmp: Path, text: str, secure: Optional[tuple[str, str]] = None):
         self.dir = tmp
         self.data = tmp / "tsdb"
         self.data.mkdir(parents=True)
+        web, self.ca, auth = [], None, None
+        if secure:
+            import bcrypt
+            self.ca = self_signed_ca(tmp, "sattrib-test-ca")[0]
+            crt, key = server_cert(tmp, (self.ca, tmp / "sattrib-test-ca.key"))
+            digest = bcrypt.hashpw(secure[1].encode(), bcrypt.gensalt(rounds=10)).decode()
+            (tmp / "web.yml").write_text(
+                f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n"
+                f"basic_auth_users:\n  {secure[0]}: '{digest}'\n")
+            web, auth = [f"--web.config.file={tmp / 'web.yml'}"], secure
         (tmp / "samples.om").write_text(text)
         r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
                             str(tmp / "samples.om"), str(self.data)],
@@ -67,17 +112,18 @@ class Prometheus:
         assert r.returncode == 0, r.stderr[-2000:]
         (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if secure else 'http'}://127.0.0.1:{self.port}"
         self.log = open(tmp / "prometheus.log", "w")
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
              f"--storage.tsdb.path={self.data}", "--storage.tsdb.retention.time=20y",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
+             f"--web.listen-address=127.0.0.1:{self.port}", *web],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while True:
             try:
-                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
+                if requests.get(self.url + "/-/ready", timeout=1, auth=auth,
+                                verify=str(self.ca) if self.ca else True).status_code == 200:
                     break
             except requests.RequestException:
                 pass
@@ -190,3 +236,35 @@ def token_file(tmp: Path, token: str, mode: int = 0o600) -> str:
     p.write_text(token + "\n")
     os.chmod(p, mode)
     return str(p)
+
+
+class Trickles(_Local):
+    """Answers 200 with a JSON body it sends one byte every `gap` seconds (each byte well
+    within any read timeout, the whole answer far beyond any budget)."""
+
+    def __init__(self, gap: float = 0.1, size: int = 4000):
+        self.stopping = threading.Event()
+        stopping = self.stopping
+        body = (b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+                .ljust(size, b" "))
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for i in range(len(body)):
+                    if stopping.wait(gap):
+                        return
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+
+            def log_message(self, *a):
+                pass
+        self._serve(H)
+
+    def stop(self):
+        self.stopping.set()
+        super().stop()

@@ -220,3 +220,58 @@ def test_the_service_runs_as_a_user_that_may_only_read():
         problems = [ln for ln in (r.stdout + r.stderr).splitlines()
                     if ln.strip() and "/opt/sattrib/venv/bin/sattrib" not in ln]
         assert not problems, problems
+
+
+@pytest.fixture(scope="module")
+def metrics_db(tmp_path_factory):
+    """A diagnosis made from metrics alone: an Xid 79 that only dcgm-exporter saw."""
+    d = tmp_path_factory.mktemp("dashmetrics")
+    folder = d / "job"
+    (folder / "slurm").mkdir(parents=True)
+    (folder / "slurm" / "job.txt").write_text(
+        "JobId=2001 JobState=FAILED ExitCode=1:0\n   StartTime=2026-03-09T09:30:00 "
+        "EndTime=2026-03-09T10:00:00\n   NodeList=gn-x\n")
+    (folder / "gn-x").mkdir()
+    t0 = 1773048600                                   # 2026-03-09T09:30:00Z
+    values = [[t0 + 15 * i, "0" if i < 70 else "79"] for i in range(120)]
+    (folder / "gn-x" / "metrics.json").write_text(json.dumps([{
+        "query": 'DCGM_FI_DEV_XID_ERRORS{Hostname=~"(?:gn-x)(?::[0-9]+)?"}',
+        "range": [t0, t0 + 1800, 15], "ui": "http://prom.example:9090",
+        "result": [{"metric": {"Hostname": "gn-x", "gpu": "3",
+                               "pci_bus_id": "00000000:9A:00.0"}, "values": values}]}]))
+    path = d / "diagnoses.db"
+    rules = load_rules()
+    store = Store(path)
+    diag, _ = analyze_folder(folder, rules=rules)
+    assert diag.root_cause.category.value == "gpu_hardware"
+    store.upsert(diag, "test", bundle_path=str(folder))
+    store.sync_rules(rules)
+    return path
+
+
+def test_a_metrics_chart_and_graph_link_are_evidence_for_admins_only(metrics_db):
+    async def requests(ds, client):
+        out = {}
+        for who, c in (("admin", root_cookie(ds)), ("anyone", None)):
+            for p in ("/diagnosis/test/2001/0", "/diagnosis/test/2001/0.json"):
+                out[who, p] = await client.get(p, cookies=c)
+        return out
+    pages = run(metrics_db, requests)
+    admin = pages["admin", "/diagnosis/test/2001/0"].text
+    assert 'DCGM_FI_DEV_XID_ERRORS gpu=3 pci_bus_id=00000000:9A:00.0' in admin
+    assert "window start 0.0, end 79.0" in admin
+    assert '<a class="graph" href="http://prom.example:9090/graph?g0.expr=DCGM_FI_DEV_XID' in admin
+    assert '<svg class="metric-chart"' in admin and "<polyline" in admin
+    assert '<line class="mark"' in admin                   # the Xid's time on the chart
+    assert "<script" not in admin.split('class="metric-chart"')[1].split("</svg>")[0]
+    ev = pages["admin", "/diagnosis/test/2001/0.json"].json()["diagnosis"]["evidence"]
+    m = [e["metric"] for e in ev if e.get("metric")][0]
+    assert m["series"] == "DCGM_FI_DEV_XID_ERRORS" and m["labels"]["gpu"] == "3"
+    assert len(m["points"]) == 60 and m["points"][0][0] < 1773048600 + 70 * 15
+    anyone = pages["anyone", "/diagnosis/test/2001/0"].text
+    assert "Xid 79" in anyone or "gpu_hardware" in anyone
+    for secret in ("DCGM_FI_DEV_XID_ERRORS{", "<svg class=\"metric-chart\"", "prom.example",
+                   "polyline"):
+        assert secret not in anyone, secret
+    ev = pages["anyone", "/diagnosis/test/2001/0.json"].json()["diagnosis"]["evidence"]
+    assert ev and not any("metric" in e or "text" in e for e in ev)

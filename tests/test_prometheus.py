@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, closed_port_url,
-                               exposition, have_prometheus, openmetrics, steps, token_file)
+from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, Trickles,
+                               closed_port_url, exposition, have_prometheus, openmetrics,
+                               self_signed_ca, steps, token_file)
 from sattrib.analysis import analyze_folder
 from sattrib.collectors import prometheus
 from sattrib.config import Settings
@@ -45,7 +46,26 @@ def _samples():
     for node in ("gn-xid", "gn-ecc", "gn-ib", "gn-reset", "k1", "k2"):
         s.append((x["DCGM_FI_DEV_GPU_TEMP"], node, steps(LO, HI, lambda t: 64)))
         s.append((x["node_infiniband_state_id"], node, steps(LO, HI, lambda t: 4)))
+    # The hang picture: every GPU of gn-h1..3 falls idle together at OTHERS, except gn-h2's
+    # GPU 2 which fell at FIRST; in gn-m1..3 two GPUs on two nodes fell first, 10 s apart (less
+    # than the 15 s sampling step: which was first cannot be told).
+    for node in ("gn-h1", "gn-h2", "gn-h3", "gn-m1", "gn-m2", "gn-m3"):
+        for gpu in range(4):
+            fell = {("gn-h2", 2): FIRST, ("gn-m1", 1): FIRST, ("gn-m3", 0): FIRST + 10}.get(
+                (node, gpu), OTHERS)
+            s.append((_gpu(x["DCGM_FI_DEV_GPU_UTIL"], gpu), node,
+                      steps(LO, HI, lambda t, f=fell: 0 if t < START + 30 or t >= f else 97)))
     return s
+
+
+PCI = ["3B", "5D", "9A", "CB"]
+FIRST, OTHERS = END - 700, END - 400
+
+
+def _gpu(template: str, gpu: int) -> str:
+    """dcgm-exporter's series for GPU `gpu` of a node (the recorded line is GPU 0's)."""
+    return (template.replace('gpu="0"', f'gpu="{gpu}"').replace("nvidia0", f"nvidia{gpu}")
+            .replace(":3B:00.0", f":{PCI[gpu]}:00.0").replace("8e90", f"8e9{gpu}"))
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +74,24 @@ def prom(tmp_path_factory):
         pytest.skip("prometheus / promtool not installed (tests/integration/setup-system.sh "
                     "installs Debian's prometheus package)")
     p = Prometheus(tmp_path_factory.mktemp("prom"), openmetrics(_samples()))
+    yield p
+    p.stop()
+
+
+PASSWORD = "correct-horse-5b1e07"
+
+
+@pytest.fixture(scope="module")
+def secure_prom(tmp_path_factory):
+    """Prometheus as sites run it: TLS (a CA of its own) and basic auth (--web.config.file)."""
+    if not have_prometheus():
+        pytest.skip("prometheus / promtool not installed (tests/integration/setup-system.sh)")
+    pytest.importorskip("bcrypt", reason="the bcrypt test extra hashes the password")
+    x = exposition()
+    samples = [(x["DCGM_FI_DEV_XID_ERRORS"], "gn-xid",
+                steps(LO, HI, lambda t: 0 if t < FAIL else 79))]
+    p = Prometheus(tmp_path_factory.mktemp("secure-prom"), openmetrics(samples),
+                   secure=("sattrib", PASSWORD))
     yield p
     p.stop()
 
@@ -137,6 +175,49 @@ def test_ib_link_downed_on_one_node(prom, tmp_path):
 
 
 @pytest.mark.prometheus
+def test_hang_the_gpu_whose_utilisation_fell_first_is_the_culprit(prom, tmp_path):
+    nodes = ["gn-h1", "gn-h2", "gn-h3"]
+    d, _, folder = _diagnose_with_metrics(tmp_path, _settings(prom.url), nodes,
+                                          {n: QUIET for n in nodes})
+    root = d.root_cause
+    assert d.outcome.value == "attributed", d.model_dump(mode="json")
+    assert (root.category.value, root.node, root.gpu) == ("application_error", "gn-h2",
+                                                         "0000:9a:00.0")
+    assert "inspect" in d.action and "drain" not in d.action
+    ev = [e for e in d.evidence if e.id in root.evidence][0]
+    assert ev.rule == "metrics.gpu_util_fell_first" and ev.trust.value == "node_telemetry"
+    assert "lead=300s others=11" in ev.text and "graph=" in ev.text
+    assert ev.path == "gn-h2/metrics.json"
+    again, _ = analyze_folder(folder)          # replayed from the bundle, byte for byte
+    assert json.dumps(again.model_dump(mode="json"), sort_keys=True) == json.dumps(
+        d.model_dump(mode="json"), sort_keys=True)
+
+
+@pytest.mark.prometheus
+def test_hang_two_gpus_fell_first_within_the_step_is_ambiguous(prom, tmp_path):
+    nodes = ["gn-m1", "gn-m2", "gn-m3"]
+    d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), nodes,
+                                     {n: QUIET for n in nodes})
+    assert d.outcome.value == "ambiguous", d.model_dump(mode="json")
+    assert {(c.node, c.gpu) for c in d.candidates} == {("gn-m1", "0000:5d:00.0"),
+                                                      ("gn-m3", "0000:3b:00.0")}
+
+
+def test_hang_needs_the_others_to_fall_together():
+    def fall(node, at):
+        return prometheus.Fall(at=at, step=15, node=node, doc=f"{node}/metrics.json", line=1,
+                               labels='{gpu="0"}', query="q", ui="", before=97, after=0,
+                               lo=0, hi=2000)
+    together = [fall("a", 1000), fall("b", 1300), fall("c", 1305), fall("d", 1310)]
+    assert [ln.node for ln in prometheus.hang_lines(together)] == ["a"]
+    spread = [fall("a", 1000), fall("b", 1100), fall("c", 1300), fall("d", 1500)]
+    assert prometheus.hang_lines(spread) == []          # a staggered end, no single first
+    close = [fall("a", 1000), fall("b", 1030), fall("c", 1040)]
+    assert prometheus.hang_lines(close) == []           # a 30 s lead at 15 s steps: too close
+    assert prometheus.hang_lines(together[:2]) == []    # two GPUs are no crowd
+
+
+@pytest.mark.prometheus
 def test_counter_reset_and_stale_xid_are_not_faults(prom, tmp_path):
     d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), ["gn-reset"],
                                      {"gn-reset": QUIET})
@@ -172,6 +253,59 @@ def test_prometheus_down_erroring_or_hanging_leaves_metrics_missing(server, tmp_
     why = {"closed": "cannot reach it", "500": "HTTP 500", "hang": "no answer within 1s"}[server]
     assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
     assert d.root_cause is None or d.root_cause.category.value not in ("gpu_hardware",)
+
+
+def _password_file(tmp_path, password):
+    p = tmp_path / "prom.password"
+    p.write_text(password + "\n")
+    os.chmod(p, 0o600)
+    return str(p)
+
+
+@pytest.mark.parametrize("case", ["right", "wrong password", "no CA", "another CA"])
+@pytest.mark.prometheus
+def test_tls_and_basic_auth_on_a_real_prometheus(secure_prom, case, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    ca = str(secure_prom.ca)
+    if case == "another CA":
+        ca = str(self_signed_ca(tmp_path, "not-the-servers-ca")[0])
+    password = "wrong-pass-92c3d" if case == "wrong password" else PASSWORD
+    st = _settings(secure_prom.url, prometheus_user="sattrib",
+                   prometheus_password_file=_password_file(tmp_path, password),
+                   prometheus_ca_file="" if case == "no CA" else ca)
+    d, got, folder = _diagnose_with_metrics(tmp_path, st, ["gn-xid"], {"gn-xid": QUIET})
+    everything = (json.dumps(d.model_dump(mode="json")) + caplog.text + " ".join(got.notes) +
+                  "".join(p.read_text() for p in folder.rglob("*") if p.is_file()))
+    assert PASSWORD not in everything and "wrong-pass-92c3d" not in everything
+    if case == "right":
+        assert (d.root_cause.category.value, d.root_cause.node) == ("gpu_hardware", "gn-xid")
+        assert "metrics:gn-xid" in d.completeness.present
+        return
+    assert got.queries == 1                      # the first refusal stops the asking
+    assert "metrics:gn-xid" in d.completeness.missing
+    assert d.root_cause is None or d.root_cause.category.value != "gpu_hardware"
+    why = {"wrong password": "HTTP 401",
+           "no CA": "not signed by a CA the system trusts (set prometheus_ca_file)",
+           "another CA": f"not signed by prometheus_ca_file {ca}"}[case]
+    assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
+
+
+@pytest.mark.prometheus
+def test_a_server_that_trickles_bytes_is_cut_off_at_the_budget(tmp_path):
+    # Every byte comes within the 1s read timeout; the whole answer would take 400s.
+    srv = Trickles(gap=0.1, size=4000)
+    try:
+        st = _settings(srv.url, timeout=1.0, budget=2.0)
+        t0 = time.monotonic()
+        d, got, _ = _diagnose_with_metrics(tmp_path, st, ["gn-xid"], {"gn-xid": QUIET})
+        took = time.monotonic() - t0
+    finally:
+        srv.stop()
+    assert got.queries == 1 and got.seconds < 2.0 + 0.5, (got.queries, got.seconds)
+    assert took < 2.0 + 5
+    assert "metrics:gn-xid" in d.completeness.missing
+    assert any("still arriving when the connector's budget ran out" in n
+               for n in d.completeness.failed_probes), d.completeness.failed_probes
 
 
 @pytest.mark.prometheus

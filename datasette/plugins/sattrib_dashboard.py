@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from urllib.parse import quote
 
 from datasette import hookimpl
@@ -180,6 +181,43 @@ def render_cell(row, value, column, table, database, datasette):
     return None
 
 
+# What an evidence item says of the job (the log line, a metric's series and samples): shown
+# to those who may read evidence text only.
+PRIVATE = ("text", "metric")
+CHART_W, CHART_H = 240, 48
+
+
+def metric_chart(metric: dict, stamp) -> dict | None:
+    """An inline SVG chart of a metric's samples around the change (the failures-per-day
+    chart's style, no script): polyline points in a CHART_W x CHART_H box, the value range,
+    and where the evidence's time stamp falls."""
+    pts = [(float(t), float(v)) for t, v in metric.get("points") or []]
+    if len(pts) < 2:
+        return None
+    t0, t1 = pts[0][0], pts[-1][0]
+    lo, hi = min(v for _, v in pts), max(v for _, v in pts)
+    span_t, span_v = (t1 - t0) or 1.0, (hi - lo) or 1.0
+
+    def x(t):
+        return round(2 + (CHART_W - 4) * (t - t0) / span_t, 1)
+
+    def y(v):
+        return round(CHART_H - 2 - (CHART_H - 4) * (v - lo) / span_v, 1)
+    mark = None
+    if stamp:
+        try:
+            from datetime import datetime
+            at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            mark = x(at) if t0 <= at <= t1 else None
+        except ValueError:
+            pass
+    fmt = lambda v: f"{v:g}"  # noqa: E731
+    return {"w": CHART_W, "h": CHART_H, "mark": mark, "lo": fmt(lo), "hi": fmt(hi),
+            "points": " ".join(f"{x(t)},{y(v)}" for t, v in pts),
+            "from": time.strftime("%H:%M", time.gmtime(t0)),
+            "to": time.strftime("%H:%M", time.gmtime(t1))}
+
+
 def _when(e):
     return e.get("timestamp") or ""
 
@@ -206,7 +244,7 @@ async def diagnosis_page(datasette, request):
     show_text = await may_read_text(datasette, request.actor, db)
     if request.url_vars.get("format"):
         if not show_text:
-            d["evidence"] = [{k: v for k, v in e.items() if k != "text"} for e in evidence]
+            d["evidence"] = [{k: v for k, v in e.items() if k not in PRIVATE} for e in evidence]
         out = {"id": did, "created_at": row["created_at"], "updated_at": row["updated_at"],
                "evidence_text": "shown" if show_text else "withheld", "diagnosis": d}
         if show_text:
@@ -217,7 +255,12 @@ async def diagnosis_page(datasette, request):
         m = XID.search(e.get("text") or "") if e["rule"] == "gpu.xid" else None
         e["label"] = f"Xid {m.group(1)}" if m else title
         if not show_text:
-            e["text"] = None
+            for k in PRIVATE:
+                e[k] = None
+        elif e.get("metric"):
+            e["chart"] = metric_chart(e["metric"], e.get("timestamp"))
+            if not str(e["metric"].get("graph") or "").startswith(("http://", "https://")):
+                e["metric"]["graph"] = None
     symptoms = []
     for s in d.get("symptoms") or []:
         first = by_id.get((s.get("evidence") or [None])[0])

@@ -2,7 +2,9 @@
 # Install the system packages the integration tests start for real: Slurm, munge,
 # systemd-journal-remote (journal files), Chromium (the dashboard browser test), acl (setfacl:
 # the job's user is granted read on their own evidence bundle), Prometheus (promtool backfills
-# recorded exporter samples into a TSDB the metrics tests serve).
+# recorded exporter samples into a TSDB the metrics tests serve), openssl (the self-signed CA
+# and certificate of the TLS + basic-auth Prometheus test; its bcrypt hash comes from the
+# `bcrypt` test extra).
 #
 # Idempotent and quick when everything is already present (no apt-get call at
 # all in that case).  Does NOT start any service: there is no systemd PID 1 on
@@ -12,7 +14,7 @@
 # Usage:  sudo bash tests/integration/setup-system.sh
 set -euo pipefail
 
-PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core acl prometheus)
+PKGS=(slurmctld slurmd slurm-client munge systemd-journal-remote systemd chromium fonts-dejavu-core acl prometheus openssl)
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup-system.sh: must run as root" >&2
