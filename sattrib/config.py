@@ -72,6 +72,20 @@ class Settings(BaseModel):
         "Hostname", "hostname", "node", "instance"])
     prometheus_series: list[str] = Field(default_factory=lambda: list(_PROM_SERIES))
 
+    # -- acting on a diagnosis (EpilogSlurmctld worker and `sattrib collect`) -----------------
+    drain: Literal["off", "dry-run", "on"] = "dry-run"
+    drain_max_per_hour: int = Field(5, ge=0)
+    drain_max_partition_percent: float = Field(10.0, ge=0, le=100)
+    action_timeout_s: float = Field(10.0, gt=0)    # each scontrol call and each mail
+    repeat_threshold: int = Field(3, ge=2)
+    repeat_window_days: float = Field(7.0, gt=0)
+    requeue_exclude_partitions: list[str] = Field(default_factory=list)
+    notify_url: str = ""                       # webhook; empty: none
+    notify_timeout_s: float = Field(5.0, gt=0)
+    notify_retries: int = Field(2, ge=0, le=5)
+    dashboard_url: str = ""                    # links in notifications
+    mail_prog: str = ""                        # e.g. /usr/bin/mail; empty: no mail to users
+
     # -- dashboard ---------------------------------------------------------------------------
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(8001, ge=1, le=65535)
@@ -82,7 +96,7 @@ class Settings(BaseModel):
     serve_admins: list[str] = Field(default_factory=lambda: ["root"])
     serve_trusted_user_header: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9-]*)?$")
 
-    @field_validator("prometheus_url", "prometheus_ui_url")
+    @field_validator("prometheus_url", "prometheus_ui_url", "notify_url", "dashboard_url")
     @classmethod
     def _plain_url(cls, url: str) -> str:
         from urllib.parse import urlsplit
