@@ -104,7 +104,8 @@ def _err(r) -> str:
 
 
 def _kv(line: str) -> dict:
-    """`Key=Value Key=Value ...` of `scontrol -o`; Reason (the last key) keeps its spaces."""
+    """`Key=Value Key=Value ...` of `scontrol -o show node`; Reason (the last key there) keeps
+    its spaces, as does a value such as OS=Linux 6.1 #1 SMP."""
     out, key = {}, None
     for tok in line.split(" "):
         k, eq, v = tok.partition("=")
@@ -249,7 +250,8 @@ def requeue_around(d: dict, st, now: float) -> Optional[dict]:
     r = _scontrol(["show", "job", "-o", str(job_id)], st.action_timeout_s)
     if not r.ok:
         return None
-    job = _kv(r.out.decode("utf-8", "replace").strip().splitlines()[0])
+    from .collectors.slurm_state import parse_kv
+    job = parse_kv(r.out.decode("utf-8", "replace"))
     restarts = int(job.get("Restarts") or 0) if (job.get("Restarts") or "").isdigit() else 0
     if job.get("JobState") not in ("PENDING", "REQUEUED") or restarts <= int(d.get("restart") or 0):
         return None                       # Slurm does not run this job again
@@ -378,11 +380,18 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
 
 def _write_bundle(bundle: Path, result: dict) -> None:
     """actions.json next to diagnosis.json: the job's user reads it as they read that."""
-    from .collect import _write_private
     try:
         tmp = bundle / ".actions.json.tmp"
-        _write_private(tmp, json.dumps(result, indent=2, sort_keys=True) + "\n",
-                       os.stat(bundle).st_gid)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o640)              # like diagnosis.json: the bundle's group, ACL
+            gid = os.stat(bundle).st_gid
+            if gid != os.getegid():
+                try:
+                    os.fchown(fd, -1, gid)
+                except PermissionError:
+                    pass
+            f.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, bundle / "actions.json")
     except OSError as e:
         log.warning("cannot write %s/actions.json: %s", bundle, e)

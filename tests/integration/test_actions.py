@@ -79,16 +79,19 @@ def cluster(slurm_cluster_factory_module, install, nodes, hook):
     return c
 
 
-def failing_job(cluster, nodes, work, on: list, culprit: str, extra: str = "") -> int:
-    """A job on `on` whose ranks exit 1, with a kernel Xid 79 on `culprit` while it runs."""
+def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None) -> int:
+    """A job on `on` whose ranks exit 1, with a kernel Xid 79 on `culprit` while it runs
+    (`while_running()`, if given, is called while the ranks run)."""
     w = shlex.quote(str(work))
     jid = cluster.sbatch(
-        f"#!/bin/sh\n{extra}srun -l sh -c 'touch {w}/started.$SLURM_JOB_ID.$SLURMD_NODENAME; "
+        f"#!/bin/sh\nsrun -l sh -c 'touch {w}/started.$SLURM_JOB_ID.$SLURMD_NODENAME; "
         f"while [ ! -e {w}/go.$SLURM_JOB_ID ]; do sleep 0.1; done; "
         "echo \"rank $SLURM_PROCID: CUDA error: unspecified launch failure\" >&2; exit 1'\n",
         nodes=len(on), nodelist=",".join(on), ntasks_per_node=1, no_requeue=True)
     wait_files(work, f"started.{jid}.*", len(on))
     nodes.write_journals({culprit: [(time.time(), XID79)]})
+    if while_running:
+        while_running()
     (work / f"go.{jid}").touch()
     return jid
 
@@ -178,12 +181,9 @@ def test_trusted_xid79_drains_exactly_the_culprit_and_posts_the_webhook(cluster,
 @timeout(180)
 def test_a_node_drained_by_someone_else_keeps_its_reason(cluster, install, nodes, work):
     install.configure(drain="on")
-    w = shlex.quote(str(work))
-    jid = failing_job(cluster, nodes, work, ["node03"], "node03",
-                      extra=f"while [ ! -e {w}/drained.$SLURM_JOB_ID ]; do sleep 0.1; done\n")
-    # (the admin's drain happens while the job runs: the node is DRAINING, then DRAINED)
-    cluster.set_node_state("node03", "DRAIN", "fan replacement ticket 42")
-    (work / f"drained.{jid}").touch()
+    # the admin drains node03 while the job runs on it: DRAINING, then DRAINED
+    jid = failing_job(cluster, nodes, work, ["node03"], "node03", while_running=lambda:
+                      cluster.set_node_state("node03", "DRAIN", "fan replacement ticket 42"))
     a = wait_actions(cluster, install, jid, "drain")
     assert a["decision"] == "refused" and "set by someone else" in a["detail"], a
     assert sinfo_reasons(cluster)["node03"] == "fan replacement ticket 42"
