@@ -196,12 +196,12 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
     if reason or any(s in state.upper() for s in BUSY_STATES):
         return out("refused", f"{node} left as it is: state {state}"
                               + (f", reason {reason!r} set by someone else" if reason else ""))
-    hour = conn.execute(
-        "SELECT count(DISTINCT node) FROM actions WHERE kind = 'drain' AND "
+    hour = conn.execute(           # drains, not nodes: a node drained twice counts twice
+        "SELECT count(*) FROM actions WHERE kind = 'drain' AND "
         "decision IN ('taken', 'dry-run') AND created_at >= ? AND diagnosis_id != ?",
         [_iso(now - 3600), did]).fetchone()[0]
     if hour >= st.drain_max_per_hour:
-        return out("would-drain", f"rate limit: {hour} nodes drained in the last hour "
+        return out("would-drain", f"rate limit: {hour} drains in the last hour "
                                   f"(drain_max_per_hour = {st.drain_max_per_hour})")
     partition = ((d.get("job") or {}).get("partition") or info.get("Partitions") or "")
     partition = partition.split(",")[0]

@@ -154,6 +154,7 @@ def m006_actions(db: sqlite_utils.Database):
         "created_at": str,
     }, pk="diagnosis_id", foreign_keys=[("diagnosis_id", "diagnoses", "id")])
     db["escalations"].create_index(["node", "created_at"])
+    db["escalations"].create_index(["created_at"])
 
 
 def _now() -> str:

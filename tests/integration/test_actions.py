@@ -127,7 +127,7 @@ def sinfo_reasons(cluster) -> dict:
 def drains_in_last_hour(install) -> int:
     con = sqlite3.connect(f"file:{install.database}?mode=ro", uri=True, timeout=10)
     try:
-        return con.execute("SELECT count(DISTINCT node) FROM actions WHERE kind = 'drain' AND "
+        return con.execute("SELECT count(*) FROM actions WHERE kind = 'drain' AND "
                            "decision IN ('taken', 'dry-run') AND created_at >= "
                            "strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '-1 hour')").fetchone()[0]
     finally:
