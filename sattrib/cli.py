@@ -159,7 +159,10 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     shown = rows if all_runs else rows[-1:]
     if as_json:
         import json
-        docs = [r["diagnosis"] for r in shown]
+        # What was done about it (drain, requeue, notifications, a repeat-offender
+        # escalation) is recorded beside the diagnosis: added as fields, never changed in it.
+        docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
+                     escalation=r.get("escalation")) for r in shown]
         click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
         return
     from .render import render
@@ -168,7 +171,9 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
             click.echo()
         n = rows.index(r) + 1
         click.echo(render(r["diagnosis"], cluster=r["cluster"],
-                          run=(n, len(rows)) if len(rows) > 1 else None))
+                          run=(n, len(rows)) if len(rows) > 1 else None,
+                          acted={"actions": r.get("actions") or [],
+                                 "escalation": r.get("escalation")}))
     if len(rows) > 1 and not all_runs:
         click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
                    "one of them)", err=True)
@@ -286,6 +291,20 @@ def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
         table.append((r["node"], r["gpu"], str(r["failures"]), r["categories"], last) if gpu
                      else (r["node"], str(r["failures"]), str(r["gpus"]), r["categories"], last))
     _table(table, parsable)
+
+
+@main.command(epilog="""\b
+Examples:
+  sattrib resume gpu-a017          back to service, if sattrib drained it
+""")
+@click.argument("node")
+@click.pass_context
+def resume(ctx, node):
+    """Return a node sattrib drained to service (scontrol update State=RESUME). A node whose
+    reason does not start with `sattrib:` was drained by someone else: it is left alone."""
+    from .actions import resume as do_resume
+    st = _settings(ctx).settings
+    click.echo(do_resume(node, st.action_timeout_s))
 
 
 def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:

@@ -303,8 +303,13 @@ def _analyze_and_store(bundle: Path, cluster: str, st, notes: Optional[list] = N
     _write_private(tmp, d.model_dump_json(indent=2) + "\n", os.stat(bundle).st_gid)
     os.replace(tmp, bundle / "diagnosis.json")
     db = open_store(st.database)
-    db.upsert(d, cluster, bundle_path=str(bundle))
+    did = db.upsert(d, cluster, bundle_path=str(bundle))
     db.sync_rules(rules)
+    try:
+        from .actions import act
+        act(db, did, d, st, bundle)
+    except Exception:                 # acting is best effort: the diagnosis is stored
+        log.exception("acting on %s failed", did)
     return d
 
 

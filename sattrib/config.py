@@ -94,6 +94,20 @@ class Settings:
         "Hostname", "hostname", "node", "instance"])
     prometheus_series: list[str] = Field(default_factory=lambda: list(_PROM_SERIES))
 
+    # -- acting on a diagnosis (EpilogSlurmctld worker and `sattrib collect`) -----------------
+    drain: Literal["off", "dry-run", "on"] = "dry-run"
+    drain_max_per_hour: int = Field(5, ge=0)
+    drain_max_partition_percent: float = Field(10.0, ge=0, le=100)
+    action_timeout_s: float = Field(10.0, gt=0)    # each scontrol call and each mail
+    repeat_threshold: int = Field(3, ge=2)
+    repeat_window_days: float = Field(7.0, gt=0)
+    requeue_exclude_partitions: list[str] = Field(default_factory=list)
+    notify_url: str = ""                       # webhook; empty: none
+    notify_timeout_s: float = Field(5.0, gt=0)
+    notify_retries: int = Field(2, ge=0, le=5)
+    dashboard_url: str = ""                    # links in notifications
+    mail_prog: str = ""                        # e.g. /usr/bin/mail; empty: no mail to users
+
     # -- dashboard ---------------------------------------------------------------------------
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(8001, ge=1, le=65535)
@@ -143,7 +157,7 @@ def _known_zone(tz: str) -> str:
 
 
 _VALIDATORS = {"prometheus_url": _plain_url, "prometheus_ui_url": _plain_url,
-               "timezone": _known_zone}
+               "notify_url": _plain_url, "dashboard_url": _plain_url, "timezone": _known_zone}
 _HINTS = typing.get_type_hints(Settings)
 Settings.model_fields = {f.name: f for f in dataclasses.fields(Settings)}
 

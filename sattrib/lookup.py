@@ -38,10 +38,12 @@ def find(conn: sqlite3.Connection, path: Path, job_id: str, cluster: Optional[st
     if restart is not None:
         where.append("restart = ?")
         args.append(restart)
-    rows = _rows(conn, path, "SELECT cluster, restart, diagnosis_json FROM diagnoses WHERE "
+    rows = _rows(conn, path, "SELECT id, cluster, restart, diagnosis_json FROM diagnoses WHERE "
                  + " AND ".join(where) + " ORDER BY cluster, restart", args)
+    from .actions import stored
     return [{"cluster": r["cluster"], "restart": r["restart"],
-             "diagnosis": json.loads(r["diagnosis_json"])} for r in rows]
+             "diagnosis": json.loads(r["diagnosis_json"]), **stored(conn, r["id"])}
+            for r in rows]
 
 
 MAX_RESTARTS = 256
@@ -77,7 +79,13 @@ def find_in_bundles(bundle_dir: Path, clusters: list[str], job_id: str,
                     doc = json.loads(f.read())
             except (OSError, ValueError):
                 continue          # no such run, or not this caller's job
-            out.append({"cluster": cluster, "restart": r, "diagnosis": doc})
+            acted = {"actions": [], "escalation": None}
+            try:
+                with open(bundle_dir / cluster / f"{job_id}.{r}" / "actions.json", "rb") as f:
+                    acted.update(json.loads(f.read()))
+            except (OSError, ValueError):
+                pass              # nothing was done about it (or not recorded there)
+            out.append({"cluster": cluster, "restart": r, "diagnosis": doc, **acted})
         if out:
             break
     return out

@@ -47,7 +47,23 @@ def _compress_sources(items: list) -> list:
     return out
 
 
-def render(d: dict, cluster: str | None = None, run: tuple | None = None) -> str:
+def _acted(acted: dict) -> list[str]:
+    out = []
+    esc = acted.get("escalation")
+    if esc:
+        jobs = ", ".join(j["job_id"] for j in esc["earlier_jobs"])
+        out.append("Repeat offender: " + _c(f"{esc['culprit']}", bold=True) +
+                   f" was the culprit of {esc['failures']} failed jobs in "
+                   f"{esc['window_days']:g} days (earlier: {jobs}): action escalated "
+                   f"{esc['from']} -> " + _c(esc["to"], bold=True))
+    for a in acted.get("actions") or []:
+        what = f"{a['kind']} {a['node']}" if a.get("node") else a["kind"]
+        out.append(f"Done: {what}: " + _c(a["decision"], bold=True) + f" ({a['detail']})")
+    return out
+
+
+def render(d: dict, cluster: str | None = None, run: tuple | None = None,
+           acted: dict | None = None) -> str:
     """`cluster`: the cluster it is stored under; `run`: (n, of) for a job that ran several
     times."""
     out: list[str] = []
@@ -104,6 +120,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None) -> str
     if outcome == "unattributed":
         out.append("Root cause: " + _c("none supported by the evidence", bold=True))
     out.append("Action: " + _c(d["action"], bold=True))
+    out += _acted(acted or {})
 
     syms = d.get("symptoms") or []
     if syms:

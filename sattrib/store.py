@@ -137,6 +137,26 @@ def m005_job_nodes(db: sqlite_utils.Database):
                "where json_valid(d.nodes) and j.value is not null")
 
 
+@migrations()
+def m006_actions(db: sqlite_utils.Database):
+    """What the worker did about a diagnosis (sattrib.actions): one row per decision (a drain
+    taken, dry-run or refused and why, a requeue around the culprit, a notification), and the
+    repeat-offender escalation, kept apart from the engine's diagnosis JSON."""
+    db["actions"].create({
+        "diagnosis_id": str, "seq": int, "kind": str, "decision": str, "node": str,
+        "detail": str, "command": str, "created_at": str,
+    }, pk=("diagnosis_id", "seq"), foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["actions"].create_index(["kind", "decision", "created_at"])
+    db["actions"].create_index(["node", "created_at"])
+    db["escalations"].create({
+        "diagnosis_id": str, "culprit": str, "node": str, "gpu": str, "failures": int,
+        "window_days": float, "from_action": str, "to_action": str, "earlier_jobs": str,
+        "created_at": str,
+    }, pk="diagnosis_id", foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["escalations"].create_index(["node", "created_at"])
+    db["escalations"].create_index(["created_at"])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -270,6 +290,36 @@ class Store:
                 self.db["rules"].insert_all(rows)
                 self.db["meta"].upsert({"key": "rules_version", "value": ruleset.version},
                                        pk="key")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._retry(write)
+
+    def record_actions(self, did: str, actions: list[dict], escalation: Optional[dict]) -> None:
+        """Store what was done about diagnosis `did` (replacing what an earlier run stored)."""
+        now = _now()
+        rows = [{"diagnosis_id": did, "seq": i, "kind": a["kind"], "decision": a["decision"],
+                 "node": a.get("node"), "detail": a.get("detail"), "command": a.get("command"),
+                 "created_at": a.get("created_at") or now} for i, a in enumerate(actions)]
+
+        def write():
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("DELETE FROM actions WHERE diagnosis_id = ?", [did])
+                conn.execute("DELETE FROM escalations WHERE diagnosis_id = ?", [did])
+                if rows:
+                    self.db["actions"].insert_all(rows)
+                if escalation:
+                    self.db["escalations"].insert({
+                        "diagnosis_id": did, "culprit": escalation["culprit"],
+                        "node": escalation.get("node"), "gpu": escalation.get("gpu"),
+                        "failures": escalation["failures"],
+                        "window_days": escalation["window_days"],
+                        "from_action": escalation["from"], "to_action": escalation["to"],
+                        "earlier_jobs": json.dumps(escalation["earlier_jobs"]),
+                        "created_at": now})
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -246,7 +246,8 @@ async def diagnosis_page(datasette, request):
         if not show_text:
             d["evidence"] = [{k: v for k, v in e.items() if k not in PRIVATE} for e in evidence]
         out = {"id": did, "created_at": row["created_at"], "updated_at": row["updated_at"],
-               "evidence_text": "shown" if show_text else "withheld", "diagnosis": d}
+               "evidence_text": "shown" if show_text else "withheld", "diagnosis": d,
+               **(await _acted(db, did))}
         if show_text:
             out["bundle_path"] = row["bundle_path"]
         return Response.json(out)
@@ -269,8 +270,11 @@ async def diagnosis_page(datasette, request):
         r = rules.get(c.get("rule"))
         c["rule_title"] = r["title"] if r else None
         c["refs"] = json.loads(r["refs"]) if r and r.get("refs") else []
+    acted = await _acted(db, did)
     return Response.html(await datasette.render_template(
         "sattrib_diagnosis.html", {
+            "acted": acted, "diag_page": lambda r: datasette.urls.path(
+                _diag_path(r["cluster"], r["job_id"], r["restart"])),
             "d": d, "causes": causes, "timeline": timeline, "root_ids": root_ids,
             "cause_ids": cause_ids, "symptoms": symptoms, "rules": rules,
             "did": did, "bundle_path": row["bundle_path"] if show_text else None,
@@ -279,6 +283,27 @@ async def diagnosis_page(datasette, request):
             "nodes_page": lambda n: datasette.urls.path(f"/node/{quote(n, safe='')}"),
             "rule_page": lambda r: datasette.urls.path(_rule_path(datasette, r)),
         }, request=request))
+
+
+async def _acted(db, did):
+    """What the worker did about a diagnosis: the actions and escalations tables (none in a
+    database from before them)."""
+    names = set(await db.table_names())
+    if "actions" not in names:
+        return {"actions": [], "escalation": None}
+    acts = [dict(r) for r in (await db.execute(
+        "select kind, decision, node, detail, command, created_at from actions "
+        "where diagnosis_id = ? order by seq", [did])).rows]
+    e = (await db.execute("select culprit, node, gpu, failures, window_days, from_action, "
+                          "to_action, earlier_jobs from escalations where diagnosis_id = ?",
+                          [did])).first()
+    esc = None
+    if e:
+        esc = {"culprit": e["culprit"], "node": e["node"], "gpu": e["gpu"],
+               "failures": e["failures"], "window_days": e["window_days"],
+               "from": e["from_action"], "to": e["to_action"],
+               "earlier_jobs": json.loads(e["earlier_jobs"])}
+    return {"actions": acts, "escalation": esc}
 
 
 # Infrastructure faults (the node's or GPU's, not the user's program): as the hotspots count them.
@@ -368,7 +393,20 @@ async def summary(db) -> dict:
         from diagnoses d join missing_evidence m on m.diagnosis_id = d.id
         where d.created_at >= {SINCE} and m.node != 'job'
         group by m.source order by diagnoses desc, m.source limit 5""", {"ago": "-7 days"})
+    repeat = []
+    if "escalations" in set(await db.table_names()):
+        repeat = await rows(f"""
+            select e.culprit, e.node, e.failures, e.to_action, e.earlier_jobs, d.cluster,
+                   d.job_id, d.restart, e.created_at
+            from escalations e join diagnoses d on d.id = e.diagnosis_id
+            where e.created_at >= {SINCE} and e.created_at = (
+                select max(x.created_at) from escalations x where x.culprit = e.culprit)
+            order by e.failures desc, e.created_at desc limit 20""",
+            {"ago": f"-{DRAIN_DAYS} days"})
+        for r in repeat:
+            r["earlier"] = json.loads(r.pop("earlier_jobs") or "[]")
     return {"diagnoses": total["n"], "last_diagnosis_at": total["last"], "windows": windows,
+            "repeat_offenders": repeat,
             "unexplained_7d": unexplained,
             "unexplained_share_7d": round(unexplained / w["failures"], 3) if w["failures"]
             else None,

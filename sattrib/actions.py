@@ -1,0 +1,438 @@
+"""Acting on a stored diagnosis: escalation, drain, requeue around the culprit, notifications.
+
+Run by the controller worker (and `sattrib collect`) after the diagnosis is stored. The engine's
+diagnosis JSON stays a function of the evidence alone: what is decided here depends on the
+cluster's state and history, so it is stored beside it (tables `actions` and `escalations`,
+and `actions.json` in the bundle) and shown with it, never written into it.
+
+Etiquette (after LBNL NHC): a node is drained only for an `attributed` diagnosis whose action
+takes the node out of service and whose root cause is not job output alone; a node that is
+already drained, down or reserved, or carries a reason, is left as it is; at most
+`drain_max_per_hour` nodes an hour and `drain_max_partition_percent` of a partition (at least
+one node) are drained, past that the decision is "would-drain". Every decision is recorded.
+Every scontrol call ends by `action_timeout_s`; a failure is a recorded decision, never an
+exception.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from .collectors import probe
+from .engine.hostlist import compress, expand
+from .engine.taxonomy import INFRASTRUCTURE, Category
+
+log = logging.getLogger("sattrib.actions")
+
+OUT_OF_SERVICE = ("reset_gpu", "reboot_node", "drain_node")   # each needs the node empty
+LADDER = OUT_OF_SERVICE                                      # the closed escalation ladder
+REASON_PREFIX = "sattrib:"
+BUSY_STATES = ("DRAIN", "DOWN", "FAIL", "MAINT", "RESERVED", "REBOOT", "POWER")
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _trusted_infra(cause: Optional[dict]) -> bool:
+    return bool(cause and cause.get("node") and cause.get("trust") != "job_output"
+                and Category(cause["category"]) in INFRASTRUCTURE)
+
+
+# -- repeat offenders ---------------------------------------------------------------------------
+def culprit_key(root: dict) -> tuple[str, str, list]:
+    """(label, SQL condition, args) naming the root cause's GPU, or its node without one."""
+    if root.get("gpu_serial"):
+        return (f"GPU serial {root['gpu_serial']} on {root['node']}", "gpu_serial = ?", [root["gpu_serial"]])
+    if root.get("gpu_uuid"):
+        return (f"GPU {root['gpu_uuid']} on {root['node']}", "gpu_uuid = ?", [root["gpu_uuid"]])
+    if root.get("gpu"):
+        return (f"GPU {root['gpu']} on {root['node']}", "culprit_node = ? AND culprit_gpu = ?",
+                [root["node"], root["gpu"]])
+    return (f"node {root['node']}", "culprit_node = ?", [root["node"]])
+
+
+def escalation(conn, did: str, d: dict, st, now: float) -> Optional[dict]:
+    """The same GPU (or node) as the trusted culprit of `repeat_threshold` failed jobs within
+    `repeat_window_days`: the action moves up the ladder reset_gpu -> reboot_node -> drain_node
+    one step at the threshold and one more at each further multiple of it."""
+    root = d.get("root_cause")
+    if d.get("outcome") != "attributed" or not _trusted_infra(root):
+        return None
+    label, cond, args = culprit_key(root)
+    since = _iso(now - st.repeat_window_days * 86400)
+    rows = conn.execute(
+        "SELECT cluster, job_id, restart, category, created_at FROM diagnoses "
+        f"WHERE {cond} AND outcome = 'attributed' AND created_at >= ? AND id != ? "
+        "AND json_extract(diagnosis_json, '$.root_cause.trust') != 'job_output' "
+        "ORDER BY created_at, id", args + [since, did]).fetchall()
+    cluster, job_id = did.split("/")[0], d.get("job_id")
+    earlier, seen = [], {(cluster, job_id)}
+    for c, j, r, cat, at in rows:
+        if (c, j) not in seen and Category(cat) in INFRASTRUCTURE:
+            seen.add((c, j))
+            earlier.append({"cluster": c, "job_id": j, "restart": r, "category": cat,
+                            "created_at": at})
+    failures = len(earlier) + 1
+    k = st.repeat_threshold
+    if failures < k:
+        return None
+    base = root["action_code"]
+    level = LADDER.index(base) if base in LADDER else (-1 if root.get("gpu") else 0)
+    to = LADDER[min(level + 1 + (failures - k) // k, len(LADDER) - 1)]
+    return {"culprit": label, "node": root["node"], "gpu": root.get("gpu"),
+            "failures": failures, "threshold": k, "window_days": st.repeat_window_days,
+            "from": base, "to": to, "earlier_jobs": earlier}
+
+
+# -- Slurm ----------------------------------------------------------------------------------------
+def _scontrol(args: list, timeout: float):
+    return probe.run("scontrol", ["scontrol", *args], time.monotonic() + timeout,
+                     max_bytes=4 << 20)
+
+
+def _err(r) -> str:
+    text = (r.err or r.out).decode("utf-8", "replace").strip()
+    return (text.splitlines()[-1] if text else r.reason)[:300]
+
+
+def _kv(line: str) -> dict:
+    """`Key=Value Key=Value ...` of `scontrol -o show node`; Reason (the last key there) keeps
+    its spaces, as does a value such as OS=Linux 6.1 #1 SMP."""
+    out, key = {}, None
+    for tok in line.split(" "):
+        k, eq, v = tok.partition("=")
+        if eq and re.fullmatch(r"[A-Za-z/:_]+", k) and key != "Reason":
+            key, out[k] = k, v
+        elif key:
+            out[key] += " " + tok
+    return out
+
+
+def node_info(node: str, timeout: float) -> tuple[Optional[dict], str]:
+    r = _scontrol(["show", "node", "-o", node], timeout)
+    if not r.ok:
+        return None, _err(r)
+    line = r.out.decode("utf-8", "replace").strip().splitlines()
+    return (_kv(line[0]) if line else None), ("" if line else "no output")
+
+
+def reason_text(info: dict) -> str:
+    """The reason without the `[user@time]` Slurm appends."""
+    r = (info.get("Reason") or "").strip()
+    return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", r) if r not in ("(null)", "none") else ""
+
+
+def drain_reason(d: dict, node: str) -> str:
+    root = d["root_cause"]
+    short = " ".join((root.get("summary") or "").replace('"', "'").split())
+    return f"{REASON_PREFIX}{d.get('job_id')} {root['category']} {short}"[:120].rstrip()
+
+
+class _Lock:
+    """One drain decision at a time across workers (the rate limits count each other's)."""
+
+    def __init__(self, path: Path, timeout: float):
+        self.path, self.timeout, self.fd = path, timeout, None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+        end = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    return self          # decide anyway: a stuck worker must not stop us
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Optional[dict]:
+    """One recorded decision about draining the culprit, or None when nothing proposes it."""
+    root = d.get("root_cause")
+    causes = [root] if root else d.get("candidates") or []
+    if st.drain == "off" or not any(c.get("node") and (action if c is root else
+                                    c.get("action_code")) in OUT_OF_SERVICE for c in causes):
+        return None
+    node = (root or causes[0]).get("node")
+
+    def out(decision, detail, command=None):
+        return {"kind": "drain", "decision": decision, "node": node, "detail": detail,
+                "command": command, "created_at": _iso(now)}
+
+    if d.get("outcome") != "attributed":
+        return out("refused", f"outcome {d.get('outcome')}: sattrib never drains on an "
+                              "ambiguous or unattributed diagnosis")
+    if root.get("trust") == "job_output":
+        return out("refused", "the root cause rests on the job's own output only")
+    job_nodes = (d.get("job") or {}).get("nodes") or []
+    if job_nodes and node not in job_nodes:
+        return out("refused", f"{node} did not run this job")
+    cluster, job_id = did.split("/")[0], d.get("job_id")
+    done = conn.execute(
+        "SELECT a.node FROM actions a JOIN diagnoses x ON x.id = a.diagnosis_id WHERE "
+        "x.cluster = ? AND x.job_id = ? AND a.diagnosis_id != ? AND a.kind = 'drain' AND "
+        "a.decision IN ('taken', 'dry-run')", [cluster, job_id, did]).fetchone()
+    if done:
+        return out("refused", f"this job already drained {done[0]} (once per job)")
+    info, err = node_info(node, st.action_timeout_s)
+    if info is None:
+        return out("failed", f"cannot read the state of {node}: {err}")
+    state, reason = info.get("State", ""), reason_text(info)
+    if reason.startswith(REASON_PREFIX):
+        return out("refused", f"{node} is already drained by sattrib ({reason})")
+    if reason or any(s in state.upper() for s in BUSY_STATES):
+        return out("refused", f"{node} left as it is: state {state}"
+                              + (f", reason {reason!r} set by someone else" if reason else ""))
+    hour = conn.execute(           # drains, not nodes: a node drained twice counts twice
+        "SELECT count(*) FROM actions WHERE kind = 'drain' AND "
+        "decision IN ('taken', 'dry-run') AND created_at >= ? AND diagnosis_id != ?",
+        [_iso(now - 3600), did]).fetchone()[0]
+    if hour >= st.drain_max_per_hour:
+        return out("would-drain", f"rate limit: {hour} drains in the last hour "
+                                  f"(drain_max_per_hour = {st.drain_max_per_hour})")
+    partition = ((d.get("job") or {}).get("partition") or info.get("Partitions") or "")
+    partition = partition.split(",")[0]
+    if partition:
+        r = probe.run("sinfo", ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%E"],
+                      time.monotonic() + st.action_timeout_s, max_bytes=8 << 20)
+        if not r.ok:
+            return out("failed", f"cannot read partition {partition}: {_err(r)}")
+        members: dict = {}
+        for ln in r.out.decode("utf-8", "replace").splitlines():
+            n, _, why = ln.partition("|")
+            members[n.strip()] = why.strip()
+        ours = {n for n, why in members.items() if why.startswith(REASON_PREFIX)}
+        if st.drain == "dry-run":
+            ours |= {n for (n,) in conn.execute(
+                "SELECT DISTINCT a.node FROM actions a JOIN diagnoses x ON x.id = "
+                "a.diagnosis_id WHERE a.kind = 'drain' AND a.decision = 'dry-run' AND "
+                "x.partition = ? AND a.created_at >= ? AND a.diagnosis_id != ?",
+                [partition, _iso(now - 3600), did]) if n in members}
+        allowed = max(1, int(len(members) * st.drain_max_partition_percent / 100))
+        if len(ours - {node}) + 1 > allowed:
+            return out("would-drain", f"partition limit: {len(ours)} of {len(members)} nodes "
+                       f"of {partition} drained by sattrib (drain_max_partition_percent = "
+                       f"{st.drain_max_partition_percent:g}, at most {allowed})")
+    reason = drain_reason(d, node)
+    cmd = ["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+    shown = f'scontrol update NodeName={node} State=DRAIN Reason="{reason}"'
+    if st.drain == "dry-run":
+        return out("dry-run", "would drain (drain = \"dry-run\")", shown)
+    r = _scontrol(cmd, st.action_timeout_s)
+    if not r.ok:
+        return out("failed", f"scontrol update failed: {_err(r)}", shown)
+    return out("taken", f"drained ({action})", shown)
+
+
+def requeue_around(d: dict, st, now: float) -> Optional[dict]:
+    """For a run Slurm requeued, in a partition that opted in: the culprit joins the job's
+    excluded nodes before the next run starts. (Slurm 22.05's `scontrol update` takes no
+    `ExcNodeList+=`: the list is read, extended and set.)"""
+    root = d.get("root_cause")
+    partition = (d.get("job") or {}).get("partition") or ""
+    if (partition.split(",")[0] not in st.requeue_exclude_partitions
+            or d.get("outcome") != "attributed" or not _trusted_infra(root)):
+        return None
+    node, job_id = root["node"], d.get("job_id")
+    r = _scontrol(["show", "job", "-o", str(job_id)], st.action_timeout_s)
+    if not r.ok:
+        return None
+    from .collectors.slurm_state import parse_kv
+    job = parse_kv(r.out.decode("utf-8", "replace"))
+    restarts = int(job.get("Restarts") or 0) if (job.get("Restarts") or "").isdigit() else 0
+    if job.get("JobState") not in ("PENDING", "REQUEUED") or restarts <= int(d.get("restart") or 0):
+        return None                       # Slurm does not run this job again
+    exc = [n for n in expand(job.get("ExcNodeList") or "") if n and n != "(null)"]
+    new = compress(sorted(set(exc) | {node}))
+    shown = f"scontrol update JobId={job_id} ExcNodeList={new}"
+    row = {"kind": "requeue", "node": node, "command": shown, "created_at": _iso(now)}
+    if node in exc:
+        return dict(row, decision="refused", detail=f"{node} is already excluded")
+    r = _scontrol(["update", f"JobId={job_id}", f"ExcNodeList={new}"], st.action_timeout_s)
+    if not r.ok:
+        return dict(row, decision="failed", detail=f"scontrol update failed: {_err(r)}")
+    return dict(row, decision="taken", detail=f"the next run of job {job_id} excludes {node}")
+
+
+# -- notifications --------------------------------------------------------------------------------
+def dashboard_link(st, did: str) -> Optional[str]:
+    if not st.dashboard_url:
+        return None
+    from urllib.parse import quote
+    cluster, job, restart = did.split("/")
+    return (f"{st.dashboard_url.rstrip('/')}/diagnosis/{quote(cluster, safe='')}/"
+            f"{quote(job, safe='')}/{restart}")
+
+
+def payload(did: str, d: dict, acts: list, esc: Optional[dict], st) -> dict:
+    """The webhook body: the diagnosis summary, no evidence text (that is admin-only)."""
+    root = d.get("root_cause") or {}
+    link = dashboard_link(st, did)
+    summary = root.get("summary") or d.get("explanation") or d.get("outcome")
+    culprit = {k: root.get(k) for k in ("node", "gpu", "rank")} if root else None
+    done = [f"{a['kind']} {a['node'] or ''}: {a['decision']}".replace(" :", ":")
+            for a in acts]
+    text = (f"sattrib: job {d.get('job_id')} on {did.split('/')[0]}: {d.get('outcome')}"
+            + (f" {root['category']} on {root.get('node')}" if root else "")
+            + f" - {summary}. Action: {d.get('action')}"
+            + (f". Repeat offender: {esc['culprit']}, {esc['failures']} failed jobs in "
+               f"{esc['window_days']:g} days, escalated to {esc['to']}" if esc else "")
+            + (f". {'; '.join(done)}" if done else "") + (f" <{link}>" if link else ""))
+    return {"id": did, "job_id": d.get("job_id"), "restart": d.get("restart"),
+            "cluster": did.split("/")[0], "outcome": d.get("outcome"),
+            "category": root.get("category"), "culprit": culprit, "summary": summary,
+            "action": d.get("action"), "action_code": d.get("action_code"),
+            "escalation": esc, "actions": acts, "dashboard_url": link, "text": text}
+
+
+def notify(body: dict, st) -> dict:
+    """POST the body to notify_url, with a timeout and retries. Never raises."""
+    import requests
+    err = ""
+    for attempt in range(st.notify_retries + 1):
+        if attempt:
+            time.sleep(min(2 ** (attempt - 1), 4))
+        try:
+            r = requests.post(st.notify_url, json=body, timeout=st.notify_timeout_s)
+            if r.status_code < 300:
+                return {"decision": "taken", "detail": f"sent: HTTP {r.status_code}"}
+            err = f"HTTP {r.status_code}"
+            if r.status_code < 500 and r.status_code != 429:
+                break                    # the request itself is refused: retrying won't help
+        except requests.RequestException as e:
+            err = type(e).__name__ + (f": {e}"[:200] if str(e) else "")
+    log.warning("notify %s failed: %s", body.get("id"), err)
+    return {"decision": "failed", "detail": f"not sent after {attempt + 1} attempts: {err}"}
+
+
+def mail(body: dict, user: str, st) -> dict:
+    """`mail_prog -s SUBJECT USER` with the text on stdin, as Slurm's MailProg is run."""
+    subject = f"sattrib: job {body['job_id']} {body['outcome']}" + (
+        f" ({body['category']})" if body.get("category") else "")
+    text = (f"{body['summary']}\n\nAction: {body['action']}\n\n"
+            f"Details: sattrib {body['job_id']}\n"
+            + (f"{body['dashboard_url']}\n" if body.get("dashboard_url") else ""))
+    r = probe.run("mail", [st.mail_prog, "-s", subject, user],
+                  time.monotonic() + st.action_timeout_s, input=text.encode(),
+                  max_bytes=1 << 16)
+    if r.ok:
+        return {"decision": "taken", "detail": f"mailed {user}"}
+    log.warning("mail to %s failed: %s", user, _err(r))
+    return {"decision": "failed", "detail": f"mail to {user} failed: {_err(r)}"}
+
+
+# -- the whole step -------------------------------------------------------------------------------
+def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
+        now: Optional[float] = None) -> dict:
+    """Decide and record everything about one stored diagnosis; {"actions", "escalation"}.
+    A run already acted on keeps its decisions (a replay never drains twice)."""
+    conn = db.db.conn
+    old = conn.execute("SELECT count(*) FROM actions WHERE diagnosis_id = ?", [did]).fetchone()
+    if old[0]:
+        return stored(conn, did)
+    now = time.time() if now is None else now
+    d = json.loads(diagnosis.model_dump_json()) if hasattr(diagnosis, "model_dump_json") \
+        else diagnosis
+    esc = escalation(conn, did, d, st, now)
+    action = esc["to"] if esc else ((d.get("root_cause") or {}).get("action_code")
+                                    or d.get("action_code"))
+    acts: list = []
+    lock = Path(st.bundle_dir) / did.split("/")[0] / ".locks" / "drain"
+    with _Lock(lock, st.action_timeout_s * 3):
+        dr = decide_drain(conn, did, d, action, st, now)
+        if dr:
+            acts.append(dr)
+            db.record_actions(did, acts, esc)       # seen by the next worker's rate limits
+    rq = requeue_around(d, st, now)
+    if rq:
+        acts.append(rq)
+    root = d.get("root_cause")
+    body = payload(did, d, acts, esc, st)
+    if st.notify_url and (_trusted_infra(root) and d.get("outcome") == "attributed" or esc
+                          or any(a["decision"] in ("taken", "would-drain") for a in acts)):
+        acts.append(dict(notify(body, st), kind="notify", node=None, command=None,
+                         created_at=_iso(now)))
+    user = (d.get("job") or {}).get("user")
+    if st.mail_prog and user and re.fullmatch(r"[A-Za-z0-9._-]+", user):
+        acts.append(dict(mail(body, user, st), kind="mail", node=None, command=None,
+                         created_at=_iso(now)))
+    db.record_actions(did, acts, esc)
+    for a in acts:
+        log.info("%s %s %s: %s", did, a["kind"], a["decision"], a["detail"])
+    result = {"actions": acts, "escalation": esc}
+    if bundle is not None:
+        _write_bundle(bundle, result)
+    return result
+
+
+def _write_bundle(bundle: Path, result: dict) -> None:
+    """actions.json next to diagnosis.json: the job's user reads it as they read that."""
+    try:
+        tmp = bundle / ".actions.json.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o640)              # like diagnosis.json: the bundle's group, ACL
+            gid = os.stat(bundle).st_gid
+            if gid != os.getegid():
+                try:
+                    os.fchown(fd, -1, gid)
+                except PermissionError:
+                    pass
+            f.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, bundle / "actions.json")
+    except OSError as e:
+        log.warning("cannot write %s/actions.json: %s", bundle, e)
+
+
+def stored(conn, did: str) -> dict:
+    """The recorded actions and escalation of one diagnosis (empty when none)."""
+    try:
+        acts = [dict(zip(("kind", "decision", "node", "detail", "command", "created_at"), r))
+                for r in conn.execute(
+                    "SELECT kind, decision, node, detail, command, created_at FROM actions "
+                    "WHERE diagnosis_id = ? ORDER BY seq", [did])]
+        e = conn.execute("SELECT culprit, node, gpu, failures, window_days, from_action, "
+                         "to_action, earlier_jobs FROM escalations WHERE diagnosis_id = ?",
+                         [did]).fetchone()
+    except Exception:                   # a database from before the actions migration
+        return {"actions": [], "escalation": None}
+    esc = None
+    if e:
+        esc = {"culprit": e[0], "node": e[1], "gpu": e[2], "failures": e[3],
+               "window_days": e[4], "from": e[5], "to": e[6], "earlier_jobs": json.loads(e[7])}
+    return {"actions": acts, "escalation": esc}
+
+
+def resume(node: str, timeout: float) -> str:
+    """`sattrib resume NODE`: back to service only what sattrib drained."""
+    from .errors import UserError
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", node):
+        raise UserError(f"not a node name: {node!r}", "give one node, e.g. sattrib resume gpu-a017")
+    info, err = node_info(node, timeout)
+    if info is None:
+        raise UserError(f"cannot read the state of {node}: {err}",
+                        "check the node name (scontrol show node NODE) and that slurmctld is up")
+    reason, state = reason_text(info), info.get("State", "")
+    if not reason.startswith(REASON_PREFIX):
+        why = f"its reason is {reason!r}" if reason else "it has no reason set"
+        raise UserError(f"{node} ({state}) was not drained by sattrib: {why}",
+                        f"sattrib only resumes nodes whose reason starts with {REASON_PREFIX}; "
+                        f"if you mean it: scontrol update NodeName={node} State=RESUME")
+    r = _scontrol(["update", f"NodeName={node}", "State=RESUME"], timeout)
+    if not r.ok:
+        raise UserError(f"scontrol could not resume {node}: {_err(r)}",
+                        "resuming a node needs SlurmUser or root")
+    return f"{node}: resumed (was {state}, reason {reason!r})"

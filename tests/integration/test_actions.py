@@ -1,0 +1,247 @@
+"""Acting on diagnoses on a real Slurm cluster (README "Acting on diagnoses").
+
+The installed hooks (test_hooks.py's install, stand-in journals and nvidia-smi) on a cluster of
+this module's own with RequeueExit=42 (a job exiting 42 is requeued) and cred_expire=12 (a
+requeued job waits ~13 s before it may start again, time enough for the worker). Real jobs fail
+with a kernel Xid 79 on one node; the EpilogSlurmctld worker drains, escalates, requeues around
+the culprit and posts to a webhook served by the test.
+
+Run (as root, ~3 min)::
+
+    .venv/bin/python -m pytest -q tests/integration/test_actions.py -m slurm -s
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from test_hooks import (NODES, Install, Nodes, install, nodes, sattrib, timeout,  # noqa: F401
+                        wait_diagnosis, wait_files, work, _bounded)
+
+GPU_PCI = "0000:00:1e"
+XID79 = (f"NVRM: Xid (PCI:{GPU_PCI}): 79, pid=0, name=<unknown>, GPU has fallen off the bus.")
+
+
+class Hook:
+    """A real local HTTP server that keeps every JSON body POSTed to it."""
+
+    def __init__(self):
+        self.bodies: list = []
+        hook = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                hook.bodies.append(json.loads(self.rfile.read(n)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, job_id, timeout: float = 30) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for b in self.bodies:
+                if b.get("job_id") == str(job_id):
+                    return b
+            time.sleep(0.2)
+        raise AssertionError(f"no webhook for job {job_id}: got {self.bodies}")
+
+
+@pytest.fixture(scope="module")
+def hook():
+    h = Hook()
+    yield h
+    h.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster_factory_module, install, nodes, hook):
+    c = slurm_cluster_factory_module(
+        nodes=NODES, epilog=str(install.epilog), epilog_slurmctld=str(install.epilog_ctld),
+        node_env=nodes.env, job_requeue=True, requeue_exit="42", cred_expire=12,
+        slurmd_timeout=10)
+    install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
+                             "dashboard_url": "https://sattrib.example/",
+                             "drain_max_partition_percent": 100.0}
+    install.configure(drain="on")
+    return c
+
+
+def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None) -> int:
+    """A job on `on` whose ranks exit 1, with a kernel Xid 79 on `culprit` while it runs
+    (`while_running()`, if given, is called while the ranks run)."""
+    w = shlex.quote(str(work))
+    jid = cluster.sbatch(
+        f"#!/bin/sh\nsrun -l sh -c 'touch {w}/started.$SLURM_JOB_ID.$SLURMD_NODENAME; "
+        f"while [ ! -e {w}/go.$SLURM_JOB_ID ]; do sleep 0.1; done; "
+        "echo \"rank $SLURM_PROCID: CUDA error: unspecified launch failure\" >&2; exit 1'\n",
+        nodes=len(on), nodelist=",".join(on), ntasks_per_node=1, no_requeue=True)
+    wait_files(work, f"started.{jid}.*", len(on))
+    nodes.write_journals({culprit: [(time.time(), XID79)]})
+    if while_running:
+        while_running()
+    (work / f"go.{jid}").touch()
+    return jid
+
+
+def actions(install: Install, jid) -> list[dict]:
+    con = sqlite3.connect(f"file:{install.database}?mode=ro", uri=True, timeout=10)
+    try:
+        cur = con.execute("SELECT a.kind, a.decision, a.node, a.detail FROM actions a JOIN "
+                          "diagnoses d ON d.id = a.diagnosis_id WHERE d.job_id = ? "
+                          "ORDER BY d.restart, a.seq", [str(jid)])
+        return [dict(zip(("kind", "decision", "node", "detail"), r)) for r in cur]
+    finally:
+        con.close()
+
+
+def wait_actions(cluster, install, jid, kind: str, timeout_s: float = 60) -> dict:
+    wait_diagnosis(cluster, install, jid)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = [a for a in actions(install, jid) if a["kind"] == kind]
+        if got:
+            return got[0]
+        time.sleep(0.3)
+    raise AssertionError(f"no {kind} decision for job {jid}: {actions(install, jid)}\n"
+                         + install.logs_tail())
+
+
+def sinfo_reasons(cluster) -> dict:
+    r = cluster.run(["sinfo", "-R", "-h", "-N", "-o", "%N|%E"])
+    return dict(ln.split("|", 1) for ln in r.stdout.splitlines() if "|" in ln)
+
+
+def drains_in_last_hour(install) -> int:
+    con = sqlite3.connect(f"file:{install.database}?mode=ro", uri=True, timeout=10)
+    try:
+        return con.execute("SELECT count(*) FROM actions WHERE kind = 'drain' AND "
+                           "decision IN ('taken', 'dry-run') AND created_at >= "
+                           "strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '-1 hour')").fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_repeat_offender_escalates_on_the_third_failure(cluster, install, nodes, work):
+    install.configure(drain="dry-run")             # node04 stays in service for each run
+    jobs, diags = [], []
+    for _ in range(3):
+        jid = failing_job(cluster, nodes, work, ["node04"], "node04")
+        wait_actions(cluster, install, jid, "drain")
+        jobs.append(jid)
+    shown = json.loads(sattrib(cluster, install, str(jobs[2]), "--json").stdout)
+    first = json.loads(sattrib(cluster, install, str(jobs[1]), "--json").stdout)
+    assert first["escalation"] is None
+    esc = shown["escalation"]
+    assert shown["root_cause"]["action_code"] == "reboot_node"       # the diagnosis unchanged
+    assert esc["failures"] == 3 and (esc["from"], esc["to"]) == ("reboot_node", "drain_node")
+    assert [j["job_id"] for j in esc["earlier_jobs"]] == [str(j) for j in jobs[:2]]
+    text = sattrib(cluster, install, str(jobs[2]), check=True).stdout
+    assert "Repeat offender" in text and f"earlier: {jobs[0]}, {jobs[1]}" in text
+    assert "DRAIN" not in cluster.node_state("node04")
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_trusted_xid79_drains_exactly_the_culprit_and_posts_the_webhook(cluster, install,
+                                                                       nodes, work, hook):
+    install.configure(drain="on")
+    jid = failing_job(cluster, nodes, work, ["node01", "node02"], "node02")
+    a = wait_actions(cluster, install, jid, "drain")
+    assert (a["decision"], a["node"]) == ("taken", "node02"), a
+    reasons = sinfo_reasons(cluster)
+    assert reasons.get("node02", "").startswith(f"sattrib:{jid} gpu_hardware"), reasons
+    # node01 only showed the symptom (its rank failed): it is not drained
+    assert "node01" not in reasons and "DRAIN" not in cluster.node_state("node01")
+    assert [x["node"] for x in actions(install, jid) if x["kind"] == "drain"] == ["node02"]
+    body = hook.wait(jid)
+    assert body["culprit"]["node"] == "node02" and body["category"] == "gpu_hardware"
+    assert body["dashboard_url"] == f"https://sattrib.example/diagnosis/sattribtest/{jid}/0"
+    assert f"job {jid}" in body["text"] and "drain node02: taken" in body["text"]
+    r = sattrib(cluster, install, "resume", "node02")
+    assert "node02: resumed" in r.stdout
+    cluster.wait_nodes(["node02"], {"idle"}, timeout=30)
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_a_node_drained_by_someone_else_keeps_its_reason(cluster, install, nodes, work):
+    install.configure(drain="on")
+    # the admin drains node03 while the job runs on it: DRAINING, then DRAINED
+    jid = failing_job(cluster, nodes, work, ["node03"], "node03", while_running=lambda:
+                      cluster.set_node_state("node03", "DRAIN", "fan replacement ticket 42"))
+    a = wait_actions(cluster, install, jid, "drain")
+    assert a["decision"] == "refused" and "set by someone else" in a["detail"], a
+    assert sinfo_reasons(cluster)["node03"] == "fan replacement ticket 42"
+    r = sattrib(cluster, install, "resume", "node03", check=False)
+    assert r.returncode == 1 and "not drained by sattrib" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sinfo_reasons(cluster)["node03"] == "fan replacement ticket 42"
+    cluster.resume_node("node03")
+    cluster.wait_nodes(["node03"], {"idle"}, timeout=30)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_rate_limit_stops_the_third_drain_in_a_burst(cluster, install, nodes, work):
+    install.configure(drain="on", drain_max_per_hour=drains_in_last_hour(install) + 2)
+    w = shlex.quote(str(work))
+    burst = ["node01", "node03", "node04"]
+    jobs = []
+    for n in burst:
+        jobs.append(cluster.sbatch(
+            f"#!/bin/sh\nsrun sh -c 'touch {w}/started.$SLURM_JOB_ID.$SLURMD_NODENAME; "
+            f"while [ ! -e {w}/go.burst ]; do sleep 0.1; done; exit 1'\n",
+            nodes=1, nodelist=n, no_requeue=True))
+    for jid in jobs:
+        wait_files(work, f"started.{jid}.*", 1)
+    nodes.write_journals({n: [(time.time(), XID79)] for n in burst})
+    (work / "go.burst").touch()
+    got = [wait_actions(cluster, install, jid, "drain") for jid in jobs]
+    decisions = sorted(a["decision"] for a in got)
+    assert decisions == ["taken", "taken", "would-drain"], got
+    held = [a for a in got if a["decision"] == "would-drain"][0]
+    assert "rate limit" in held["detail"]
+    reasons = sinfo_reasons(cluster)
+    assert held["node"] not in reasons
+    for a in got:
+        if a["decision"] == "taken":
+            assert reasons[a["node"]].startswith("sattrib:")
+            sattrib(cluster, install, "resume", a["node"])
+    cluster.wait_nodes(burst, {"idle"}, timeout=30)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_requeued_job_restarts_without_the_culprit(cluster, install, nodes, work):
+    # drain off: the restart must avoid node01 because of its ExcNodeList, not a drain
+    install.configure(drain="off", requeue_exclude_partitions=["debug"])
+    nodes.write_journals({"node01": [(time.time(), XID79)]})
+    w = shlex.quote(str(work))
+    jid = cluster.sbatch(
+        f"#!/bin/sh\necho \"run on $SLURMD_NODENAME\" >> {w}/runs.$SLURM_JOB_ID\n"
+        "if [ \"$SLURMD_NODENAME\" = node01 ]; then\n"
+        "  echo 'CUDA error: unspecified launch failure' >&2; exit 42\nfi\nexit 0\n",
+        nodes=1, nodelist=None, requeue=True)
+    a = wait_actions(cluster, install, jid, "requeue")
+    assert (a["decision"], a["node"]) == ("taken", "node01"), a
+    info = cluster.wait_job(jid, {"COMPLETED"}, timeout=90)
+    runs = (work / f"runs.{jid}").read_text().split("\n")
+    assert runs[0] == "run on node01" and len([r for r in runs if r]) == 2, runs
+    assert info["NodeList"] != "node01" and info["Restarts"] == "1", info
+    assert "node01" in info["ExcNodeList"], info
+    assert "DRAIN" not in cluster.node_state("node01")

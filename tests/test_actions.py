@@ -1,0 +1,177 @@
+"""Acting on a diagnosis (sattrib.actions) against stand-in scontrol/sinfo: the drain etiquette,
+the rate limits, repeat-offender escalation, the recorded decisions and `sattrib resume`.
+The same behaviour on a real Slurm cluster: tests/integration/test_actions.py."""
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sattrib.actions import act, escalation, resume
+from sattrib.analysis import analysis_settings, analyze_folder, load_rules, reader_limits
+from sattrib.cli import main
+from sattrib.config import Settings
+from sattrib.errors import UserError
+from sattrib.store import open_store
+
+CASES = Path(__file__).parent / "cases"
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch):
+    """scontrol and sinfo stand-ins: node state from <tmp>/state/<node>, calls in <tmp>/calls."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    (tmp_path / "state").mkdir()
+    (b / "scontrol").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> {tmp_path}/calls
+        if [ "$1 $2" = "show node" ]; then
+          f={tmp_path}/state/$4
+          [ -f "$f" ] && cat "$f" || echo "NodeName=$4 State=IDLE Partitions=gpu OS=Linux 6.1 #1 SMP Reason=(null)"
+        fi
+        exit 0
+        """))
+    (b / "sinfo").write_text("#!/bin/sh\nprintf 'gn01|none\\ngn02|none\\nhx1|none\\nhx2|none\\n'\n")
+    for f in b.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{b}:{os.environ['PATH']}")
+
+    class S:
+        def calls(self):
+            p = tmp_path / "calls"
+            return p.read_text().splitlines() if p.exists() else []
+
+        def node(self, name, line):
+            (tmp_path / "state" / name).write_text(line + "\n")
+    return S()
+
+
+def settings(tmp_path, **kw):
+    return Settings(database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
+                    **{"drain": "on", "drain_max_partition_percent": 100.0, **kw})
+
+
+def diagnose(case, job_id=None):
+    st = Settings()
+    d, _ = analyze_folder(CASES / case, settings=analysis_settings(st), rules=load_rules([]),
+                          limits=reader_limits(st), timezone="UTC")
+    if job_id:
+        d = d.model_copy(update={"job_id": job_id})
+    return d
+
+
+def run(st, case, job_id=None):
+    db = open_store(st.database)
+    d = diagnose(case, job_id)
+    did = db.upsert(d, "c1")
+    return act(db, did, d, st)
+
+
+def test_trusted_xid79_drains_the_culprit_with_a_sattrib_reason(tmp_path, slurm):
+    got = run(settings(tmp_path), "xid79_srun_combined_log")
+    (a,) = got["actions"]
+    assert (a["kind"], a["decision"], a["node"]) == ("drain", "taken", "gn02")
+    upd = [c for c in slurm.calls() if c.startswith("update")]
+    assert upd == [f"update NodeName=gn02 State=DRAIN Reason={a['command'].split('Reason=')[1][1:-1]}"]
+    assert "Reason=sattrib:7001 gpu_hardware " in upd[0]
+
+
+def test_dry_run_records_the_command_and_changes_nothing(tmp_path, slurm):
+    (a,) = run(settings(tmp_path, drain="dry-run"), "xid79_srun_combined_log")["actions"]
+    assert a["decision"] == "dry-run" and a["command"].startswith("scontrol update NodeName=gn02")
+    assert not [c for c in slurm.calls() if c.startswith("update")]
+
+
+def test_job_output_only_cause_is_never_drained(tmp_path, slurm):
+    got = run(settings(tmp_path), "app_exception_fake_kernel_lines")
+    assert got["actions"] == [] and slurm.calls() == []
+
+
+def test_a_reason_set_by_someone_else_is_kept(tmp_path, slurm):
+    slurm.node("gn02", "NodeName=gn02 State=IDLE+DRAIN Partitions=gpu "
+                       "Reason=bad fan ticket 42 [admin@2026-12-01T10:00:00]")
+    (a,) = run(settings(tmp_path), "xid79_srun_combined_log")["actions"]
+    assert a["decision"] == "refused" and "'bad fan ticket 42' set by someone else" in a["detail"]
+    assert not [c for c in slurm.calls() if c.startswith("update")]
+
+
+def test_rate_limit_per_hour_then_would_drain(tmp_path, slurm):
+    st = settings(tmp_path, drain_max_per_hour=1)
+    assert run(st, "xid79_srun_combined_log")["actions"][0]["decision"] == "taken"
+    (a,) = run(st, "xid48_ecc_nvidia_smi_xml")["actions"]
+    assert a["decision"] == "would-drain" and "drain_max_per_hour = 1" in a["detail"]
+    assert [c.split()[1] for c in slurm.calls() if c.startswith("update")] == ["NodeName=gn02"]
+
+
+def test_partition_limit_counts_nodes_sattrib_drained(tmp_path, slurm, monkeypatch):
+    b = Path(os.environ["PATH"].split(":")[0])
+    (b / "sinfo").write_text("#!/bin/sh\nprintf 'gn01|sattrib:1 nvlink x\\ngn02|none\\n"
+                             "hx1|none\\nhx2|none\\n'\n")
+    (a,) = run(settings(tmp_path, drain_max_partition_percent=25.0),
+               "xid79_srun_combined_log")["actions"]
+    assert a["decision"] == "would-drain" and "1 of 4 nodes of gpu" in a["detail"]
+
+
+def test_replay_never_drains_twice(tmp_path, slurm):
+    st = settings(tmp_path)
+    run(st, "xid79_srun_combined_log")
+    again = run(st, "xid79_srun_combined_log")
+    assert again["actions"][0]["decision"] == "taken"
+    assert len([c for c in slurm.calls() if c.startswith("update")]) == 1
+
+
+def test_repeat_offender_escalates_on_the_third_failure(tmp_path, slurm):
+    st = settings(tmp_path, drain="dry-run")
+    first = run(st, "xid79_srun_combined_log", "101")
+    second = run(st, "xid79_srun_combined_log", "102")
+    third = run(st, "xid79_srun_combined_log", "103")
+    assert first["escalation"] is None and second["escalation"] is None
+    esc = third["escalation"]
+    assert esc["failures"] == 3 and (esc["from"], esc["to"]) == ("reboot_node", "drain_node")
+    assert [j["job_id"] for j in esc["earlier_jobs"]] == ["101", "102"]
+    assert esc["culprit"].startswith("GPU ") and esc["culprit"].endswith(" on gn02")
+
+
+def test_escalation_ignores_workload_faults_and_other_gpus(tmp_path):
+    st = settings(tmp_path)
+    db = open_store(st.database)
+    for j, case in (("1", "app_exception_fake_kernel_lines"), ("2", "xid48_ecc_nvidia_smi_xml")):
+        db.upsert(diagnose(case, j), "c1")
+    d = json.loads(diagnose("xid79_srun_combined_log", "3").model_dump_json())
+    assert escalation(db.db.conn, "c1/3/0", d, st.model_copy(update={"repeat_threshold": 2}),
+                      __import__("time").time()) is None
+
+
+def test_show_json_and_text_carry_the_decisions(tmp_path, slurm):
+    st = settings(tmp_path)
+    run(st, "xid79_srun_combined_log")
+    r = CliRunner().invoke(main, ["show", "7001", "--json", "--database", st.database])
+    doc = json.loads(r.output)
+    assert doc["actions"][0]["decision"] == "taken" and doc["escalation"] is None
+    assert doc["root_cause"]["node"] == "gn02"        # the diagnosis itself is unchanged
+    r = CliRunner().invoke(main, ["show", "7001", "--database", st.database],
+                           env={"NO_COLOR": "1"})
+    assert "Done: drain gn02: taken" in r.output
+
+
+def test_resume_refuses_a_foreign_reason_and_resumes_ours(tmp_path, slurm):
+    slurm.node("n1", "NodeName=n1 State=IDLE+DRAIN Reason=maintenance [root@2026-12-01T10:00]")
+    with pytest.raises(UserError, match="not drained by sattrib: its reason is 'maintenance'"):
+        resume("n1", 5)
+    slurm.node("n2", "NodeName=n2 State=IDLE+DRAIN Reason=sattrib:7001 gpu_hardware x "
+                     "[root@2026-12-01T10:00]")
+    assert resume("n2", 5).startswith("n2: resumed")
+    assert slurm.calls()[-1] == "update NodeName=n2 State=RESUME"
+    r = CliRunner().invoke(main, ["resume", "n1"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+
+
+def test_unreachable_webhook_is_recorded_and_never_raises(tmp_path, slurm):
+    st = settings(tmp_path, notify_url="http://127.0.0.1:9/hook", notify_retries=1,
+                  notify_timeout_s=1.0)
+    got = run(st, "xid79_srun_combined_log")
+    (n,) = [a for a in got["actions"] if a["kind"] == "notify"]
+    assert n["decision"] == "failed" and "after 2 attempts" in n["detail"]
