@@ -23,7 +23,7 @@ def both():
             del sys.modules["hyperscan"]
         else:
             sys.modules["hyperscan"] = saved
-    assert fast.prefilter.engine == "hyperscan" and plain.prefilter.engine == "python-re"
+    assert fast.prefilter.engine == "hyperscan" and plain.prefilter.engine == "re2"
     return fast, plain
 
 

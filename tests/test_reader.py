@@ -44,8 +44,8 @@ LINES_AFTER = {"r.needle": 3}
 
 
 def make_prefilter(lits, engine: str) -> Prefilter:
-    """A Prefilter on the requested engine ('hyperscan' or 'python-re')."""
-    if engine == "python-re":
+    """A Prefilter on the requested engine ('hyperscan' or 're2')."""
+    if engine == "re2":
         saved = sys.modules.get("hyperscan", "__absent__")
         sys.modules["hyperscan"] = None        # makes `import hyperscan` raise ImportError
         try:
@@ -755,15 +755,15 @@ ENGINE_LITS = [("abcab", False), ("cab", False), ("XID", True), ("NVRM: Xid (", 
 
 
 def test_python_fallback_is_selected_without_hyperscan():
-    pf = make_prefilter(ENGINE_LITS, "python-re")
-    assert pf.engine == "python-re"
+    pf = make_prefilter(ENGINE_LITS, "re2")
+    assert pf.engine == "re2"
     assert pf.max_len == len("NVRM: Xid (")
 
 
 def test_prefilter_engines_agree_on_bytes():
     import random
     hs = make_prefilter(ENGINE_LITS, "hyperscan")
-    py = make_prefilter(ENGINE_LITS, "python-re")
+    py = make_prefilter(ENGINE_LITS, "re2")
     rnd = random.Random(5)
     for _ in range(1500):
         buf = bytes(rnd.choice(b"abcXxiIdD\n ") for _ in range(rnd.randint(0, 200)))
@@ -782,13 +782,13 @@ def test_prefilter_empty_literal_list():
 
 def test_prefilter_python_fallback_accepts_memoryview():
     hs = make_prefilter(ENGINE_LITS, "hyperscan")
-    py = make_prefilter(ENGINE_LITS, "python-re")
+    py = make_prefilter(ENGINE_LITS, "re2")
     buf = b"xx\nabcab NEEDLE\nzz"
     mv = memoryview(buf)[1:]
     assert py.scan(mv) == hs.scan(mv) == hs.scan(buf[1:])
 
 
-@pytest.mark.parametrize("engine", ["hyperscan", "python-re"])
+@pytest.mark.parametrize("engine", ["hyperscan", "re2"])
 def test_scan_engines_same_hits_single_chunk_file(tmp_path, engine):
     """A file that fits one chunk and ends with LF: both engines give the same hits."""
     pf = make_prefilter(LITS, engine)
@@ -808,11 +808,11 @@ def test_scan_engines_same_line_hits(tmp_path, case):
     if case == "unterminated_last_line":
         data += b"killed NEEDLE"
     got = {}
-    for engine in ("hyperscan", "python-re"):
+    for engine in ("hyperscan", "re2"):
         pf = make_prefilter(LITS, engine)
         res = scan_bytes(tmp_path, data, pf, **kw)
         got[engine] = [(h.line, h.offset, h.data, h.lits) for h in res.hits]
-    assert got["python-re"] == got["hyperscan"]
+    assert got["re2"] == got["hyperscan"]
     assert [x[0] for x in got["hyperscan"]] == naive_hit_lines(data)
 
 
