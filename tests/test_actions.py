@@ -1,6 +1,6 @@
 """Acting on a diagnosis (sattrib.actions) against stand-in scontrol/sinfo: the drain etiquette,
 the rate limits, repeat-offender escalation, the recorded decisions and `sattrib resume`.
-The same behaviour on a real Slurm cluster: tests/integration/test_actions.py."""
+The same behaviour on a real Slurm cluster: tests/integration/test_slurm_actions.py."""
 import json
 import os
 import textwrap

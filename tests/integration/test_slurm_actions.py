@@ -8,7 +8,7 @@ the culprit and posts to a webhook served by the test.
 
 Run (as root, ~3 min)::
 
-    .venv/bin/python -m pytest -q tests/integration/test_actions.py -m slurm -s
+    .venv/bin/python -m pytest -q tests/integration/test_slurm_actions.py -m slurm -s
 """
 from __future__ import annotations
 
