@@ -335,14 +335,7 @@ def _label_dict(name: str, metric: dict) -> dict:
 
 def _points(values: list, at: float) -> list[tuple[float, float]]:
     """The samples around `at` for the evidence's chart: a third before, the rest after."""
-    pts = []
-    for t, v in values:
-        try:
-            t, v = float(t), float(v)
-        except (TypeError, ValueError):
-            continue
-        if not math.isnan(v) and not math.isinf(v):
-            pts.append((t, v))
+    pts = [(t, v) for t, v in _numbers(values) if not math.isinf(v)]
     i = next((k for k, (t, _) in enumerate(pts) if t >= at), len(pts))
     lo = max(0, min(i - METRIC_POINTS // 3, len(pts) - METRIC_POINTS))
     return pts[lo:lo + METRIC_POINTS]
@@ -359,6 +352,19 @@ def graph_url(ui_url: str, query: str, lo: float, hi: float) -> str:
     return ui_url.rstrip("/") + "/graph?" + urlencode(params)
 
 
+def _numbers(values: list) -> list[tuple[float, float]]:
+    """A series' [time, "value"] pairs as numbers, without the ones that are not (NaN, junk)."""
+    pts = []
+    for t, v in values:
+        try:
+            t, v = float(t), float(v)
+        except (TypeError, ValueError):
+            continue
+        if not math.isnan(v):
+            pts.append((t, v))
+    return pts
+
+
 def summarize(name: str, values: list, lo: Optional[float] = None,
               step: Optional[float] = None) -> Optional[dict]:
     """What a series did inside the window [lo, ...] queried at `step`, or None when it did
@@ -366,13 +372,7 @@ def summarize(name: str, values: list, lo: Optional[float] = None,
     again from the new value, as Prometheus's increase() does). Gauges: the change from start
     to end. Xid: the last non-zero value and when it appeared; a value already there when the
     window opened is an Xid from before the job, not this job's."""
-    pts = []
-    for t, v in values:
-        try:
-            pts.append((float(t), float(v)))
-        except (TypeError, ValueError):
-            continue
-    pts = [(t, v) for t, v in pts if not math.isnan(v)]
+    pts = _numbers(values)
     if not pts:
         return None
     k = kind(name)
@@ -517,13 +517,7 @@ class Fall:
 
 def _fall(values: list) -> Optional[tuple[float, float, float]]:
     """(when it fell, value before, value at the end): busy, then idle to the end."""
-    pts = []
-    for t, v in values:
-        try:
-            pts.append((float(t), float(v)))
-        except (TypeError, ValueError):
-            continue
-    pts = [(t, v) for t, v in pts if not math.isnan(v)]
+    pts = _numbers(values)
     i = len(pts)
     while i > 0 and pts[i - 1][1] <= UTIL_IDLE:
         i -= 1
