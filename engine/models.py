@@ -239,6 +239,14 @@ class Evidence(_Out):
 
 
 @_out
+class Frame(_Out):
+    """One frame of the user's own code in the Python traceback above the error line."""
+    file: str
+    line: int
+    function: str
+
+
+@_out
 class Cause(_Out):
     category: Category
     node: Optional[str]
@@ -253,6 +261,7 @@ class Cause(_Out):
     action: str
     action_code: Action
     trust: Trust          # the most trusted source among the cause's own evidence
+    user_frames: list[Frame] = field(default_factory=list)   # innermost first
 
 
 @_out

@@ -88,4 +88,29 @@ def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Op
                           reference=reference)
     bundle = reader.read(path)
     settings.utc_offset = reader.offset
-    return diagnose(bundle, rules, settings, engine_version=__version__), bundle
+    d = diagnose(bundle, rules, settings, engine_version=__version__)
+    add_user_frames(d, path, owner)
+    return d, bundle
+
+
+# Where the engineer's own code is worth pointing at: the program failed, not the machine.
+FRAME_CATEGORIES = {"application_error", "cuda_oom", "host_oom"}
+
+
+def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
+    """Each application-error / OOM cause gets the innermost frames of the user's own code from
+    the traceback printed above its first job-output evidence line."""
+    from .collectors.frames import user_frames
+    from .engine.models import Frame
+    ev = {e.id: e for e in d.evidence}
+    for c in ([d.root_cause] if d.root_cause else []) + list(d.candidates):
+        if c.category.value not in FRAME_CATEGORIES:
+            continue
+        for eid in c.evidence:
+            e = ev.get(eid)
+            if e is None or e.trust.value != "job_output":
+                continue
+            frames = user_frames(path, e.path, e.line, e.offset, owner)
+            if frames:
+                c.user_frames = [Frame(**f) for f in frames]
+                break

@@ -105,6 +105,10 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
                                      c.get("rank") is not None and f"rank {c['rank']}") if x)
         out.append(f"{label}: " + _c(f"{c['category']} {where}".strip(), bold=True))
         out.append(f"  {c['summary']}")
+        for i, f in enumerate(c.get("user_frames") or []):
+            label = "in your code:" if i == 0 else "called from: "
+            out.append(f"  {label} " + _c(f"{f['file']}:{f['line']}", bold=i == 0) +
+                       f" in {f['function']}")
         if c.get("trust") == "job_output" and Category(c["category"]) in INFRASTRUCTURE:
             out.append("  evidence: the job's own output only (no kernel, GPU or scheduler record)")
         if c.get("first_seen"):

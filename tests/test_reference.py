@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sattrib import __version__
-from sattrib.analysis import analyze_folder
+from sattrib.analysis import add_user_frames, analyze_folder
 from sattrib.collectors.evidence_folder import FolderReader
 from sattrib.engine.catalog import Row
 from sattrib.engine.pipeline import Settings, diagnose
@@ -64,14 +64,15 @@ def test_extract_reuses_the_readers_matches(rules, monkeypatch):
         reader = FolderReader(rules)
         bundle = reader.read(case)
         assert all(ln.found is not None for ln in bundle.lines)
-        read.append((_json(case, rules=rules), bundle, reader.offset))
-    assert any(e[1] is not None for _, b, _ in read for ln in b.lines
+        read.append((_json(case, rules=rules), bundle, reader.offset, case))
+    assert any(e[1] is not None for _, b, _, _ in read for ln in b.lines
                for e in ln.found.values()), "no case exercises a catalog row"
 
     def no_search(self, message):
         raise AssertionError("extract searched a line again")
     monkeypatch.setattr(CompiledRule, "search", no_search)
     monkeypatch.setattr(Row, "search", no_search)
-    for want, bundle, offset in read:
+    for want, bundle, offset, case in read:
         d = diagnose(bundle, rules, Settings(utc_offset=offset), engine_version=__version__)
+        add_user_frames(d, case)          # read back from the files, as analyze_folder does
         assert d.model_dump_json(indent=2) == want

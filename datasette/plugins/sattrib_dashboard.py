@@ -242,6 +242,10 @@ async def diagnosis_page(datasette, request):
     timeline = sorted(evidence, key=lambda e: (_when(e) == "", _when(e), e["node"] or "",
                                                e["path"], e.get("line") or 0))
     show_text = await may_read_text(datasette, request.actor, db)
+    if not show_text:
+        # The user's frames are read from the job's output, like evidence text: admins only.
+        for c in causes:
+            c.pop("user_frames", None)
     if request.url_vars.get("format"):
         if not show_text:
             d["evidence"] = [{k: v for k, v in e.items() if k not in PRIVATE} for e in evidence]
