@@ -252,9 +252,9 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
     if env_job is not None and env_job.known and not env_job.nonzero:
         # The nodes saw exit 0 too (a NODE_FAIL, a scancel): their Epilogs took the fast path
         # and will not send snapshots. Nothing to wait for.
+        from .store import QUIET_NOTE        # hook health reads this note: no snapshot due
         expect = []
-        notes.append("the job's exit status was 0 (a scheduler-ended run): the node "
-                      "Epilogs did not take snapshots")
+        notes.append(f"{QUIET_NOTE}: the node Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
     t_wait = min(time.monotonic() + wait, hard)
     snaps: dict = {}

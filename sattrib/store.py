@@ -157,6 +157,74 @@ def m006_actions(db: sqlite_utils.Database):
     db["escalations"].create_index(["created_at"])
 
 
+# The sources a node's own Epilog snapshot delivers (rank output and metrics come by other ways).
+SNAPSHOT_SOURCES = ("kernel", "gpu", "ib", "dcgm")
+QUIET_NOTE = "the job's exit status was 0 (a scheduler-ended run)"
+
+
+@migrations()
+def m007_hook_health(db: sqlite_utils.Database):
+    """Hook health: whether each node's Epilog snapshot reached the diagnosis
+    (job_nodes.snapshot: 1 it did, 0 it was expected and did not, null none was expected), the
+    node probes that failed (failed_probes, from completeness.failed_probes), and GPU lookups by
+    serial or UUID. Filled from the diagnoses a database already holds."""
+    db["job_nodes"].add_column("snapshot", int)
+    db["failed_probes"].create({
+        "diagnosis_id": str, "node": str, "probe": str, "reason": str,
+    }, pk=("diagnosis_id", "node", "probe"), foreign_keys=[("diagnosis_id", "diagnoses", "id")])
+    db["failed_probes"].create_index(["node"])
+    db["diagnoses"].create_index(["gpu_serial"])
+    db["diagnoses"].create_index(["gpu_uuid"])
+    sources = ", ".join(f"'{s}'" for s in SNAPSHOT_SOURCES)
+    db.execute(f"""
+        update job_nodes set snapshot = (
+          select case
+            when exists (select 1 from json_each(d.diagnosis_json, '$.completeness.present') p
+                         where substr(p.value, instr(p.value, ':') + 1) = job_nodes.node
+                           and substr(p.value, 1, instr(p.value, ':') - 1) in ({sources}))
+              or exists (select 1 from json_each(d.diagnosis_json,
+                                                 '$.completeness.failed_probes') f
+                         where substr(f.value || ' ', instr(f.value, ':') + 1,
+                                      length(job_nodes.node) + 1) = job_nodes.node || ' ')
+              then 1
+            when exists (select 1 from json_each(d.diagnosis_json, '$.completeness.notes') n
+                         where substr(n.value, 1, length(:quiet)) = :quiet)
+              then null
+            else 0 end
+          from diagnoses d where d.id = job_nodes.diagnosis_id and json_valid(d.diagnosis_json))""",
+               {"quiet": QUIET_NOTE})
+    db.execute("""
+        insert or ignore into failed_probes (diagnosis_id, node, probe, reason)
+        select diagnosis_id, substr(rest, 1, instr(rest || ' ', ' ') - 1),
+               probe, substr(rest, instr(rest || ' ', ' ') + 1)
+        from (select d.id as diagnosis_id, substr(f.value, 1, instr(f.value, ':') - 1) as probe,
+                     substr(f.value, instr(f.value, ':') + 1) as rest
+              from diagnoses d, json_each(d.diagnosis_json, '$.completeness.failed_probes') f
+              where json_valid(d.diagnosis_json) and instr(f.value, ':') > 0)""")
+
+
+def failed_probes(completeness: dict) -> list[dict]:
+    """completeness.failed_probes ("nvidia-smi:gn02 timed out after 8.0s") as rows."""
+    rows = []
+    for p in completeness.get("failed_probes") or []:
+        probe, _, rest = p.partition(":")
+        node, _, reason = rest.partition(" ")
+        if probe and node:
+            rows.append({"probe": probe, "node": node, "reason": reason})
+    return rows
+
+
+def snapshots(completeness: dict, nodes) -> dict:
+    """For each node: 1 when its Epilog snapshot reached the diagnosis (its kernel log, GPU, IB
+    or DCGM evidence is present, or its probe record says why a probe failed), 0 when it did not,
+    None when no snapshot was expected (a scheduler-ended run: the Epilogs take none)."""
+    got = {t.partition(":")[2] for t in completeness.get("present") or []
+           if t.partition(":")[0] in SNAPSHOT_SOURCES}
+    got |= {p["node"] for p in failed_probes(completeness)}
+    quiet = any(n.startswith(QUIET_NOTE) for n in completeness.get("notes") or [])
+    return {n: 1 if n in got else None if quiet else 0 for n in nodes}
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -238,7 +306,9 @@ class Store:
         cand_rows = [{"diagnosis_id": did, "idx": i, "category": c.get("category"),
                       "node": c.get("node"), "gpu": c.get("gpu"), "summary": c.get("summary")}
                      for i, c in enumerate(d.get("candidates") or [])]
-        node_rows = [{"diagnosis_id": did, "node": n} for n in dict.fromkeys(job.get("nodes") or [])]
+        snap = snapshots(d["completeness"], dict.fromkeys(job.get("nodes") or []))
+        node_rows = [{"diagnosis_id": did, "node": n, "snapshot": v} for n, v in snap.items()]
+        probe_rows = [dict(p, diagnosis_id=did) for p in failed_probes(d["completeness"])]
         miss_rows = []
         for m in d["completeness"]["missing"]:
             src, _, node = m.partition(":")
@@ -251,7 +321,8 @@ class Store:
                 old = conn.execute("SELECT created_at FROM diagnoses WHERE id = ?",
                                    [did]).fetchone()
                 row["created_at"] = old[0] if old else now
-                for t in ("evidence", "candidates", "missing_evidence", "job_nodes"):
+                for t in ("evidence", "candidates", "missing_evidence", "job_nodes",
+                          "failed_probes"):
                     conn.execute(f"DELETE FROM {t} WHERE diagnosis_id = ?", [did])
                 self.db["diagnoses"].upsert(row, pk="id")
                 if ev_rows:
@@ -262,6 +333,8 @@ class Store:
                     self.db["missing_evidence"].insert_all(miss_rows, ignore=True)
                 if node_rows:
                     self.db["job_nodes"].insert_all(node_rows)
+                if probe_rows:
+                    self.db["failed_probes"].insert_all(probe_rows, ignore=True)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -63,7 +63,7 @@ def test_every_canned_query_runs(db, query):
     rows = json.loads(body)
     assert isinstance(rows, list)
     if query in ("recent_failures", "node_hotspots", "failures_by_category", "unexplained",
-                 "missing_telemetry", "gpu_hotspots"):
+                 "missing_telemetry", "gpu_hotspots", "hook_health"):
         assert rows, f"{query} returned no rows"
 
 

@@ -30,10 +30,12 @@ TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
 OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
               "/node/node-02", "/diagnosis/test/1001/0.json", "/node/node-02.json",
               "/node/node-01.json", "/-/summary.json", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
-              "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json"] + [
+              "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json",
+              "/gpu/1650000000032", "/gpu/1650000000032.json",
+              "/diagnoses/failed_probes.json", "/diagnoses/job_nodes.json"] + [
               f"/diagnoses/{q}.json?days=3650" for q in (
                   "recent_failures", "failures_by_category", "node_hotspots", "gpu_hotspots",
-                  "unexplained", "missing_telemetry")]
+                  "unexplained", "missing_telemetry", "hook_health")]
 
 
 @pytest.fixture(scope="module")

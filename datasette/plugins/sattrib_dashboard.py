@@ -145,8 +145,11 @@ LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_
           "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
           "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
           "workload_failures_not_counted": "Workload failures (not counted)",
+          "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
+          "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
           "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
-TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end"}
+TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end",
+                "last_snapshot_at", "last_diagnosis_at"}
 ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z?$")
 
 
@@ -170,12 +173,15 @@ def render_cell(row, value, column, table, database, datasette):
     if column in TIME_COLUMNS and table is None and isinstance(value, str) and ISO.match(value):
         m = ISO.match(value)
         return Markup('<time datetime="{}">{} {}</time>').format(value, m.group(1), m.group(2))
-    if column in ("id", "diagnosis_id") and isinstance(value, str) and value.count("/") == 2:
+    if column in ("id", "diagnosis_id", "last_diagnosis") and isinstance(value, str) \
+            and value.count("/") == 2:
         cluster, job, restart = value.split("/")
         if restart.isdigit():
             return _link(datasette, _diag_path(cluster, job, restart), escape(value))
     if column in ("culprit_node", "node") and isinstance(value, str) and value != "job":
         return _link(datasette, f"/node/{quote(value, safe='')}", escape(value))
+    if column in ("serial", "uuid", "gpu_serial", "gpu_uuid") and isinstance(value, str):
+        return Markup('<a href="{}">{}</a>').format(gpu_path(datasette, value), value)
     if column in ("rule", "root_rule") and isinstance(value, str):
         return _link(datasette, _rule_path(datasette, value), escape(value))
     return None
@@ -216,6 +222,102 @@ def metric_chart(metric: dict, stamp) -> dict | None:
             "points": " ".join(f"{x(t)},{y(v)}" for t, v in pts),
             "from": time.strftime("%H:%M", time.gmtime(t0)),
             "to": time.strftime("%H:%M", time.gmtime(t1))}
+
+
+# The swimlane (the job page's evidence across nodes, the GPU page's history): one row per lane,
+# a mark per item at its time, drawn here as inline SVG like the metric chart (no script).
+LANE_H, LANE_LABEL_W, LANE_W, MAX_LANES = 16, 130, 560, 32
+# Drawn in this order (later on top), and how each looks: (fill, width, height, opacity).
+MARK_STYLE = {"symptom": ("#8a8a8a", 3, 8, 0.55), "workload": ("#8a8a8a", 5, 10, 0.7),
+              "context": ("#3a5a97", 3, 8, 0.8), "confirmation": ("#e08a00", 4, 10, 1),
+              "infra": ("#b3261e", 6, 12, 1), "root": ("#b3261e", 7, 14, 1)}
+
+
+def _epoch(stamp) -> float | None:
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def swimlane(items: list[tuple], lanes: list[tuple], max_lanes: int = MAX_LANES) -> dict | None:
+    """An inline SVG swimlane: `lanes` is [(key, label, href)] top to bottom, `items` is
+    [(lane key, ISO time, kind, title)] with kind a key of MARK_STYLE. Items without a time,
+    or on a lane past max_lanes, are not drawn; marks that fall on the same pixel of a lane
+    and kind are drawn once, their title counting them. None when nothing has a time."""
+    timed = [(k, at, kind, title) for k, stamp, kind, title in items
+             if stamp and (at := _epoch(stamp)) is not None]
+    if not timed:
+        return None
+    keys = [k for k, _, _ in lanes]
+    row = {k: i for i, k in enumerate(keys[:max_lanes])}
+    t0, t1 = min(t for _, t, _, _ in timed), max(t for _, t, _, _ in timed)
+    span = t1 - t0
+
+    def x(t):
+        return round(LANE_W / 2 if not span else 6 + (LANE_W - 12) * (t - t0) / span, 1)
+    marks: dict = {}
+    order = list(MARK_STYLE)
+    for k, t, kind, title in timed:
+        if k not in row:
+            continue
+        key = (row[k], x(t), kind)
+        if key in marks:
+            marks[key]["n"] += 1
+        else:
+            marks[key] = {"title": title, "n": 1}
+    drawn = []
+    for (i, at, kind), m in sorted(marks.items(), key=lambda kv: (order.index(kv[0][2]),
+                                                                 kv[0][0], kv[0][1])):
+        fill, w, h, opacity = MARK_STYLE[kind]
+        drawn.append({"cls": kind, "x": round(at - w / 2, 1), "y": i * LANE_H + (LANE_H - h) / 2,
+                      "w": w, "h": h, "fill": fill, "opacity": opacity,
+                      "title": m["title"] + (f" (x{m['n']})" if m["n"] > 1 else "")})
+    fmt = "%H:%M:%S" if time.gmtime(t0)[:3] == time.gmtime(t1)[:3] else "%Y-%m-%d %H:%M"
+    shown = lanes[:max_lanes]
+    return {"w": LANE_W, "label_w": LANE_LABEL_W, "lane_h": LANE_H,
+            "h": len(shown) * LANE_H, "marks": drawn,
+            "lanes": [{"label": label, "href": href, "y": i * LANE_H}
+                      for i, (_, label, href) in enumerate(shown)],
+            "more": max(0, len(lanes) - max_lanes),
+            "from": time.strftime(fmt, time.gmtime(t0)),
+            "to": time.strftime(fmt, time.gmtime(t1)),
+            "span": _span(span)}
+
+
+def _span(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s" if s >= 1 or not s else f"{s * 1000:.0f} ms"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.0f} h" if s < 172800 else f"{s / 86400:.0f} days"
+
+
+def evidence_swimlane(datasette, timeline, root_ids, cause_ids) -> dict | None:
+    """The job page's swimlane: one lane per node with timed evidence (the cause's nodes first,
+    then by their first line), the root line marked apart, symptoms muted. Titles say node,
+    time, role and category only: no evidence text, so it is shown to everyone."""
+    def kind(e):
+        if e["id"] in root_ids:
+            return "root"
+        if e["role"] == "symptom":
+            return "symptom"
+        return "confirmation" if e["role"] == "confirmation" or e["id"] in cause_ids \
+            else "context"
+    timed = [e for e in timeline if e.get("timestamp") and _epoch(e["timestamp"]) is not None]
+    first: dict = {}
+    for e in timed:
+        n = e.get("node") or "job"
+        at = (e["id"] not in cause_ids, _epoch(e["timestamp"]))
+        first[n] = min(first.get(n, at), at)
+    lanes = [(n, n, None if n == "job" else datasette.urls.path(f"/node/{quote(n, safe='')}"))
+             for n in sorted(first, key=lambda n: (first[n], n))]
+    items = [(e.get("node") or "job", e["timestamp"], kind(e),
+              " · ".join(str(v) for v in (e.get("node") or "job", e["timestamp"], e["role"],
+                                          e.get("category")) if v))
+             for e in timed]
+    return swimlane(items, lanes)
 
 
 def _when(e):
@@ -277,6 +379,8 @@ async def diagnosis_page(datasette, request):
     acted = await _acted(db, did)
     return Response.html(await datasette.render_template(
         "sattrib_diagnosis.html", {
+            "swim": evidence_swimlane(datasette, timeline, root_ids, cause_ids),
+            "gpu_page": lambda g: gpu_path(datasette, g),
             "acted": acted, "diag_page": lambda r: datasette.urls.path(
                 _diag_path(r["cluster"], r["job_id"], r["restart"])),
             "d": d, "causes": causes, "timeline": timeline, "root_ids": root_ids,
@@ -344,9 +448,69 @@ async def node_page(datasette, request):
         "sattrib_node.html", {
             "node": node, "jobs": jobs, "missing": missing, "gpus": gpus,
             "caused": sum(j["role"] == "cause" for j in jobs),
+            "gpu_page": lambda g: gpu_path(datasette, g),
             "diag_page": lambda r: datasette.urls.path(
                 _diag_path(r["cluster"], r["job_id"], r["restart"])),
         }, request=request))
+
+
+# -- a GPU by serial or UUID, wherever it was installed -----------------------------------------
+GPU_DIAGNOSES = f"""
+    select id, cluster, job_id, restart, outcome, category, family,
+           culprit_node as node, culprit_gpu as pci, gpu_serial as serial, gpu_uuid as uuid,
+           coalesce(first_seen, job_end, created_at) as failed_at, summary, action_code,
+           user, partition, created_at,
+           case when {INFRA} then 'infrastructure' else 'workload' end as fault
+    from diagnoses
+    where gpu_serial in (select value from json_each(:serials))
+       or gpu_uuid in (select value from json_each(:uuids))
+    order by created_at desc, id desc limit 500"""
+
+
+async def gpu_page(datasette, request):
+    """Every diagnosis naming a GPU by its board serial or UUID (root_cause.gpu_serial,
+    gpu_uuid), the nodes and PCI addresses it was seen at, and its history. A serial leads to
+    the UUIDs logged with it and back, so rows that logged only one of them are found too."""
+    db = _db(datasette)
+    key = request.url_vars["gpu"]
+    ids = (await db.execute("select distinct gpu_serial, gpu_uuid from diagnoses "
+                            "where gpu_serial = :k or gpu_uuid = :k", {"k": key})).rows
+    if not ids:
+        raise NotFound(f"no diagnosis names GPU {key}")
+    serials = sorted({r["gpu_serial"] for r in ids if r["gpu_serial"]})
+    uuids = sorted({r["gpu_uuid"] for r in ids if r["gpu_uuid"]})
+    rows = [dict(r) for r in (await db.execute(GPU_DIAGNOSES, {
+        "serials": json.dumps(serials), "uuids": json.dumps(uuids)})).rows]
+    placements: dict = {}
+    for r in sorted(rows, key=lambda r: (r["failed_at"], r["id"])):
+        p = placements.setdefault((r["node"], r["pci"]), {
+            "node": r["node"], "pci": r["pci"], "first": r["failed_at"], "diagnoses": 0,
+            "infrastructure": 0})
+        p["last"] = r["failed_at"]
+        p["diagnoses"] += 1
+        p["infrastructure"] += r["fault"] == "infrastructure"
+    placed = sorted(placements.values(),
+                    key=lambda p: (p["first"], p["node"] or "", p["pci"] or ""))
+    out = {"gpu": key, "serials": serials, "uuids": uuids, "placements": placed,
+           "diagnoses": rows}
+    if request.url_vars.get("format"):
+        return Response.json(out)
+    lane = lambda r: f"{r['node'] or '?'} {r['pci'] or ''}".strip()  # noqa: E731
+    history = swimlane(
+        [(lane(r), r["failed_at"], "infra" if r["fault"] == "infrastructure" else "workload",
+          f"{r['failed_at']} · job {r['job_id']} · {r['category'] or r['outcome']}")
+         for r in rows],
+        [(lane(p), lane(p), datasette.urls.path(f"/node/{quote(p['node'], safe='')}")
+          if p["node"] else None) for p in placed])
+    return Response.html(await datasette.render_template(
+        "sattrib_gpu.html", dict(out, history=history, diag_page=lambda r: datasette.urls.path(
+            _diag_path(r["cluster"], r["job_id"], r["restart"])),
+            nodes_page=lambda n: datasette.urls.path(f"/node/{quote(n, safe='')}")),
+        request=request))
+
+
+def gpu_path(datasette, key) -> str:
+    return datasette.urls.path(f"/gpu/{quote(str(key), safe='')}")
 
 
 # -- the home page: the admin's first five seconds ----------------------------------------------
@@ -418,9 +582,33 @@ async def summary(db) -> dict:
             "missing_telemetry_7d": missing}
 
 
+# Hook health on the home page: the nodes named by diagnoses in the last HEALTH_DAYS, those
+# whose snapshots stopped arriving first; the full list is the hook_health canned query.
+HEALTH_DAYS = 7
+HEALTH_ROWS = 20
+
+
+async def hook_health(datasette, db) -> dict | None:
+    """Per node: its last Epilog snapshot that reached a diagnosis, the last diagnosis naming
+    it, the diagnoses since that lacked its snapshot, its failed probes and missing evidence.
+    None for a database from before migration m007 (the controller's worker adds it)."""
+    if "failed_probes" not in set(await db.table_names()):
+        return None
+    q = await datasette.get_canned_query(db.name, "hook_health", None)
+    rows = [dict(r) for r in (await db.execute(
+        q["sql"], {"days": str(HEALTH_DAYS), "node": ""})).rows]
+    for r in rows:
+        cluster, job, restart = r["last_diagnosis"].rsplit("/", 2)
+        r.update(cluster=cluster, job_id=job, restart=int(restart))
+    return {"days": HEALTH_DAYS, "nodes": len(rows),
+            "silent": sum(bool(r["missed"]) for r in rows),
+            "shown": rows[:HEALTH_ROWS], "more": max(0, len(rows) - HEALTH_ROWS)}
+
+
 async def home_page(datasette, request):
     db = _db(datasette)
     s = await summary(db)
+    s["hook_health"] = await hook_health(datasette, db)
     if request.url_vars.get("format"):
         return Response.json(s)
     return Response.html(await datasette.render_template(
@@ -466,5 +654,6 @@ def register_routes():
         (r"^/diagnosis/(?P<cluster>[^/]+)/(?P<job>[^/]+)/(?P<restart>\d+)(?P<format>\.json)?$",
          diagnosis_page),
         (r"^/node/(?P<node>[^/]+?)(?P<format>\.json)?$", node_page),
+        (r"^/gpu/(?P<gpu>[^/]+?)(?P<format>\.json)?$", gpu_page),
         (r"^/-/databases(\.(?P<format>json))?$", databases_page),
     ]
