@@ -268,10 +268,11 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
             break
         time.sleep(0.5)
     quiet = env_job is not None and env_job.known and not env_job.nonzero
+    from .store import NO_SNAPSHOT         # hook health reads this note: the node was silent
     for n in nodes:
         if n not in snaps and (n in down or not quiet):
-            notes.append(f"no snapshot from {n}" + (" (Slurm reports it down)" if n in down
-                                                     else f" within {wait:.0f}s"))
+            notes.append(f"{NO_SNAPSHOT} {n}" + (" (Slurm reports it down)" if n in down
+                                                 else f" within {wait:.0f}s"))
 
     bundle = _build_bundle(bundle_dir, text,
                            nodes_text, slurm_job.sacct(job_id, min(deadline,

@@ -159,7 +159,9 @@ def m006_actions(db: sqlite_utils.Database):
 
 # The sources a node's own Epilog snapshot delivers (rank output and metrics come by other ways).
 SNAPSHOT_SOURCES = ("kernel", "gpu", "ib", "dcgm")
+# The worker's notes (sattrib.collect) that say a snapshot was not due, or did not come.
 QUIET_NOTE = "the job's exit status was 0 (a scheduler-ended run)"
+NO_SNAPSHOT = "no snapshot from"
 
 
 @migrations()
@@ -188,11 +190,15 @@ def m007_hook_health(db: sqlite_utils.Database):
                                       length(job_nodes.node) + 1) = job_nodes.node || ' ')
               then 1
             when exists (select 1 from json_each(d.diagnosis_json, '$.completeness.notes') n
+                         where substr(n.value, 1, length(:none) + length(job_nodes.node) + 2)
+                               = :none || ' ' || job_nodes.node || ' ')
+              then 0
+            when exists (select 1 from json_each(d.diagnosis_json, '$.completeness.notes') n
                          where substr(n.value, 1, length(:quiet)) = :quiet)
               then null
             else 0 end
           from diagnoses d where d.id = job_nodes.diagnosis_id and json_valid(d.diagnosis_json))""",
-               {"quiet": QUIET_NOTE})
+               {"quiet": QUIET_NOTE, "none": NO_SNAPSHOT})
     db.execute("""
         insert or ignore into failed_probes (diagnosis_id, node, probe, reason)
         select diagnosis_id, substr(rest, 1, instr(rest || ' ', ' ') - 1),
@@ -217,12 +223,16 @@ def failed_probes(completeness: dict) -> list[dict]:
 def snapshots(completeness: dict, nodes) -> dict:
     """For each node: 1 when its Epilog snapshot reached the diagnosis (its kernel log, GPU, IB
     or DCGM evidence is present, or its probe record says why a probe failed), 0 when it did not,
-    None when no snapshot was expected (a scheduler-ended run: the Epilogs take none)."""
+    None when none was due (a scheduler-ended run: the Epilogs take none) unless the worker
+    noted the node's as missing (a node Slurm reports down)."""
     got = {t.partition(":")[2] for t in completeness.get("present") or []
            if t.partition(":")[0] in SNAPSHOT_SOURCES}
     got |= {p["node"] for p in failed_probes(completeness)}
-    quiet = any(n.startswith(QUIET_NOTE) for n in completeness.get("notes") or [])
-    return {n: 1 if n in got else None if quiet else 0 for n in nodes}
+    notes = completeness.get("notes") or []
+    quiet = any(n.startswith(QUIET_NOTE) for n in notes)
+    lost = {n[len(NO_SNAPSHOT) + 1:].split(" ")[0] for n in notes
+            if n.startswith(NO_SNAPSHOT + " ")}
+    return {n: 1 if n in got else 0 if n in lost or not quiet else None for n in nodes}
 
 
 def _now() -> str:

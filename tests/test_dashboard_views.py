@@ -53,6 +53,13 @@ def db(tmp_path_factory):
     sym = [e for e in demo.evidence if e.role.value == "symptom" and e.timestamp][0]
     wide.evidence = root + [dataclasses.replace(sym, id=f"w{i}", node=f"n{i:02d}")
                             for i in range(40)]
+    # Job 1007 ended by the scheduler (a NODE_FAIL exits 0): no snapshot was due, and node-01,
+    # which Slurm reports down, is noted as silent.
+    quiet = _as(demo, "1007")
+    quiet.completeness.present = [t for t in demo.completeness.present
+                                  if not t.startswith(("kernel:", "gpu:"))]
+    quiet.completeness.notes = [f"{QUIET_NOTE}: the node Epilogs did not take snapshots",
+                                "no snapshot from node-01 (Slurm reports it down)"]
     path = d / "diagnoses.db"
     store = Store(path)
     for diag in (demo, _as(late, "1002"),
@@ -61,12 +68,13 @@ def db(tmp_path_factory):
                      first_seen="2026-11-20T08:00:00Z"),
                  _as(demo, "1004", node="node-07", gpu="0000:3b:00.0", gpu_serial=None,
                      first_seen="2026-11-25T16:30:00Z"),
-                 untimed, wide):
+                 untimed, wide, quiet):
         store.upsert(diag, "test", bundle_path=str(d / "demo"))
     store.sync_rules(rules)
     con = sqlite3.connect(path)
     for job, ago in (("1001", "-2 days"), ("1003", "-1 day"), ("1004", "-1 day"),
-                     ("1005", "-1 day"), ("1006", "-1 day"), ("1002", "-1 minute")):
+                     ("1005", "-1 day"), ("1006", "-1 day"), ("1007", "-1 day"),
+                     ("1002", "-1 minute")):
         con.execute("update diagnoses set created_at = strftime('%Y-%m-%dT%H:%M:%SZ', 'now', ?)"
                     " where job_id = ?", [ago, job])
     con.commit()
@@ -94,6 +102,8 @@ def test_snapshot_delivery_is_stored_per_node():
     assert snapshots(c, ["a", "b", "c", "d"]) == {"a": 1, "b": 0, "c": 0, "d": 1}
     quiet = dict(c, notes=[f"{QUIET_NOTE}: the node Epilogs did not take snapshots"])
     assert snapshots(quiet, ["a", "b"]) == {"a": 1, "b": None}
+    down = dict(quiet, notes=quiet["notes"] + ["no snapshot from b (Slurm reports it down)"])
+    assert snapshots(down, ["a", "b", "e"]) == {"a": 1, "b": 0, "e": None}
 
 
 def test_a_database_from_before_hook_health_gets_it_filled_in(db, tmp_path):
@@ -115,6 +125,7 @@ def test_a_database_from_before_hook_health_gets_it_filled_in(db, tmp_path):
     assert con.execute("select * from job_nodes order by 1, 2").fetchall() == want
     assert con.execute("select * from failed_probes order by 1, 2, 3").fetchall() == probes
     assert ("test/1002/0", "node-03", 0) in want and ("test/1002/0", "node-04", 1) in want
+    assert ("test/1007/0", "node-01", 0) in want and ("test/1007/0", "node-02", None) in want
     con.close()
 
 

@@ -20,7 +20,7 @@ def counts(path):
     c = sqlite3.connect(path)
     return {t: c.execute(f"select count(*) from {t}").fetchone()[0]
             for t in ("diagnoses", "evidence", "candidates", "missing_evidence", "job_nodes",
-                      "diagnoses_fts", "evidence_fts")}
+                      "failed_probes", "diagnoses_fts", "evidence_fts")}
 
 
 def test_upsert_is_idempotent(tmp_path, diag):

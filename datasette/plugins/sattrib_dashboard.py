@@ -234,11 +234,13 @@ MARK_STYLE = {"symptom": ("#8a8a8a", 3, 8, 0.55), "workload": ("#8a8a8a", 5, 10,
 
 
 def _epoch(stamp) -> float | None:
-    from datetime import datetime
+    """An ISO-8601 time stamp as epoch seconds (UTC when it names no zone), or None."""
+    from datetime import datetime, timezone
     try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+        at = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
     except ValueError:
         return None
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def swimlane(items: list[tuple], lanes: list[tuple], max_lanes: int = MAX_LANES) -> dict | None:

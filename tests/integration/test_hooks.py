@@ -348,6 +348,21 @@ def sattrib(cluster: SlurmCluster, install: Install, *args: str, timeout: float 
     return r
 
 
+def hook_health(install: Install, jid, restart: int = 0) -> tuple[dict, list]:
+    """What the database keeps of the run's hooks: {node: snapshot (1, 0, None)} and the failed
+    probes as (node, probe, reason)."""
+    con = sqlite3.connect(f"file:{install.database}?mode=ro", uri=True, timeout=10)
+    try:
+        ids = [f"%/{jid}/{restart}"]
+        snaps = dict(con.execute("SELECT node, snapshot FROM job_nodes WHERE diagnosis_id LIKE ?",
+                                 ids).fetchall())
+        probes = con.execute("SELECT node, probe, reason FROM failed_probes "
+                             "WHERE diagnosis_id LIKE ? ORDER BY node", ids).fetchall()
+        return snaps, probes
+    finally:
+        con.close()
+
+
 def db_rows(install: Install, jid) -> list[dict]:
     db = install.database
     if not db.exists():
@@ -715,6 +730,11 @@ def test_hanging_nvidia_smi_does_not_cost_the_node(cluster, install, nodes, work
             assert any(re.fullmatch(rf"nvidia-smi:{n} timed out .*", fp) for fp in comp["failed_probes"]), comp
             assert f"gpu:{n}" in comp["missing"], comp
         assert "gpu:node04" in comp["present"] and "gpu:node04" not in comp["missing"], comp
+        # hook health: every snapshot arrived, three with a timed-out nvidia-smi
+        snaps, probes = hook_health(install, jid)
+        assert snaps == {n: 1 for n in NODES}, snaps
+        assert [(n, p) for n, p, _ in probes] == [(n, "nvidia-smi") for n in sorted(modes)]
+        assert all(r.startswith("timed out") for _, _, r in probes), probes
         # missing GPU evidence is not a GPU fault: the Xid still decides
         assert diag["root_cause"]["node"] == "node02" and diag["root_cause"]["category"] == "nvlink"
     finally:
@@ -781,6 +801,9 @@ def test_node_fail_blames_the_dead_node(cluster, install, node_fail):
     assert root.get("category") == "scheduler_node_failure", json.dumps(diag, indent=1)[:3000]
     assert root.get("node") == "node03", root
     assert "kernel:node03" in diag["completeness"]["missing"], diag["completeness"]
+    # hook health: the dead node is silent; the others took none (a NODE_FAIL ends with exit 0)
+    snaps, _ = hook_health(install, a)
+    assert snaps == {n: 0 if n == "node03" else None for n in NODES}, snaps
     rows = db_rows(install, a)
     assert [r["restart"] for r in rows] == [0], rows
 
@@ -961,6 +984,8 @@ def test_scancel_is_cancelled_with_no_node_blamed(cluster, install, nodes, work)
     assert root is not None, json.dumps(diag, indent=1)[:3000]
     assert root["category"] == "scheduler_cancelled", root
     assert root["node"] is None, root
+    snaps, _ = hook_health(install, jid)        # no snapshot was due: not a silent node
+    assert set(snaps.values()) == {None}, snaps
     assert_nodes_not_drained(cluster, NODES)
 
 
