@@ -136,6 +136,8 @@ class FolderReader:
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._no_stamps = 0
         self.owner = owner
+        # Called as files are read: (files read, files in all, bytes read, bytes in all).
+        self.progress: Optional[Callable[[int, int, int, int], None]] = None
         self.lit_rules = ([tuple(c.rule.id for c in rules.rules)] if reference
                           else rules.literal_rules)
         self._by_source = rules_by_source(rules)
@@ -150,6 +152,7 @@ class FolderReader:
         _walk(root, "", 0, top, bundle.notes)
         slurm_files = [(p, r) for p, r in top if r.startswith("slurm/")]
         other = [(p, r) for p, r in top if not r.startswith("slurm/") and r not in RESERVED]
+        lone = self._lone_node(root, other, bundle)
         bundle.job = self._job(slurm_files, bundle)
         offset = self.utc_offset
         if callable(offset):
@@ -162,10 +165,9 @@ class FolderReader:
         ref = bundle.job.start or bundle.job.end or self._reference(other)
         tc = TimeContext(ref, offset)
         try:
-            bundle.node_dirs = sorted(e.name for e in os.scandir(root)
-                                      if e.is_dir(follow_symlinks=False)
-                                      and e.name not in RESERVED
-                                      and not e.name.startswith((".", "_")))
+            bundle.node_dirs = [lone] if lone else sorted(
+                e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                and e.name not in RESERVED and not e.name.startswith((".", "_")))
         except OSError:
             bundle.node_dirs = []
         for path, rel in slurm_files:
@@ -184,7 +186,7 @@ class FolderReader:
             if rel == "slurm/collect-notes.txt":
                 continue
             first = rel.split("/", 1)[0]
-            node = first if ("/" in rel and first not in RESERVED) else None
+            node = first if ("/" in rel and first not in RESERVED) else lone
             jobs.append((path, rel, node, rel.startswith("slurm/")))
         for part in self._read_all(jobs, tc):
             bundle.documents.extend(part.documents)
@@ -195,6 +197,40 @@ class FolderReader:
         if not bundle.job.job_id:
             bundle.job.job_id = job_id_from_names(d.path for d in bundle.documents)
         return bundle
+
+    def _lone_node(self, root: Path, files, bundle: Bundle) -> Optional[str]:
+        """One node's folder handed in on its own (its files at the top, no slurm/, logs/ or
+        node folders, and at least one of them the node's own: a kernel log, nvidia-smi,
+        DCGM, ibstat): the name of that node, else None. The node is the one host its kernel
+        log names, or the folder's name (contract: the folder name is the node name)."""
+        if not files or any("/" in rel for _, rel in files):
+            return None
+        hosts, own = set(), False
+        for path, rel in files:
+            try:
+                fd, _ = open_regular(str(path), owner=self.owner)
+            except SkipFile:
+                continue
+            try:
+                head = read_head(fd, self.lim.sniff_bytes)
+            finally:
+                os.close(fd)
+            kind, _ = _classify(Path(rel).name, head, False)
+            if kind == "rank_output":
+                continue
+            own = True
+            if kind == "kernel_log":
+                for ln in head.decode("utf-8", "replace").split("\n")[:300]:
+                    h = split_prefix(clean(ln)).host
+                    if h and not h[0].isdigit() and h != "localhost":
+                        hosts.add(h.split(".")[0])
+        if not own:
+            return None
+        named = hosts.pop() if len(hosts) == 1 else None
+        node = named or Path(os.path.abspath(root)).name
+        why = "the host its kernel log names" if named else "the folder's name"
+        bundle.notes.append(f"one node's folder: its files are read as node {node}'s ({why})")
+        return node
 
     def _hang(self, root: Path, bundle: Bundle) -> list[Line]:
         """The hang picture is across nodes: every node's GPU utilisation, read together."""
@@ -254,12 +290,21 @@ class FolderReader:
     def _read_all(self, jobs: list, tc: TimeContext) -> list:
         """Read every file; big jobs are spread over processes (files are independent).
         Results come back in file order, so the bundle is the same either way."""
-        total = 0
+        sizes = []
         for path, *_ in jobs:
             try:
-                total += os.lstat(path).st_size
+                sizes.append(os.lstat(path).st_size)
             except OSError:
-                pass
+                sizes.append(0)
+        total = sum(sizes)
+        done = [0, 0]
+
+        def step(parts: list) -> list:
+            if self.progress:
+                done[0] += len(parts)
+                done[1] += sum(sizes[done[0] - len(parts):done[0]])
+                self.progress(done[0], len(jobs), done[1], total)
+            return parts
         workers = 1 if self.reference else min(os.cpu_count() or 1, 8, len(jobs))
         if workers > 1 and total >= self.PARALLEL_MIN_BYTES and hasattr(os, "fork"):
             import multiprocessing
@@ -275,11 +320,11 @@ class FolderReader:
                 with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
                         "fork")) as ex:
                     for res in ex.map(_read_in_worker, batches):
-                        out.extend(res)
+                        out.extend(step(res))
             finally:
                 _FORK_STATE = None
             return out
-        return [self._read_one(*job, tc) for job in jobs]
+        return [part for job in jobs for part in step([self._read_one(*job, tc)])]
 
     def _read_one(self, path, rel, node, in_slurm, tc) -> Bundle:
         part = Bundle(name=rel, job=JobInfo())

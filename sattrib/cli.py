@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -104,14 +105,49 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
     if folder.is_dir() and not folder.is_symlink():
         check_shape(folder)
     rules = load_rules(st.rules_dirs)
-    d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
-                          limits=reader_limits(st), timezone=st.timezone)
+    tty = sys.stderr.isatty()
+    progress = _Progress() if tty else None
+    try:
+        d, bundle = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
+                                   limits=reader_limits(st), timezone=st.timezone,
+                                   progress=progress)
+    finally:
+        if progress:
+            progress.clear()
     if store:
         from .store import open_store
         db = open_store(st.database)
         db.upsert(d, st.cluster, bundle_path=str(folder.resolve()))
         db.sync_rules(rules)
     _emit(d, as_json)
+    from .analysis import reading_summary
+    if not as_json:
+        click.echo(reading_summary(bundle))
+    elif tty:
+        click.echo(reading_summary(bundle), err=True)
+
+
+class _Progress:
+    """Files and bytes read so far, on one line of a terminal's stderr: shown once an analysis
+    has run for a second, redrawn at most four times a second, erased at the end."""
+
+    def __init__(self, after: float = 1.0):
+        self.t0 = time.monotonic()
+        self.after, self.last, self.shown = after, 0.0, False
+
+    def __call__(self, files: int, of_files: int, done: int, of_bytes: int) -> None:
+        now = time.monotonic()
+        if now - self.t0 < self.after or now - self.last < 0.25:
+            return
+        self.last, self.shown = now, True
+        sys.stderr.write(f"\r\x1b[Ksattrib: read {files}/{of_files} files, "
+                         f"{done / 1e6:,.0f}/{of_bytes / 1e6:,.0f} MB")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 @main.command(epilog="""\b
