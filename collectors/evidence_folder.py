@@ -134,6 +134,7 @@ class FolderReader:
         self.job_line_cap = 200_000
         self.clock: dict = {}
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
+        self._founds: dict = {}   # one Line.found per distinct search result (see _line)
         self._no_stamps = 0
         self.owner = owner
         # Called as files are read: (files read, files in all, bytes read, bytes in all).
@@ -484,6 +485,8 @@ class FolderReader:
         finally:
             os.close(fd)
 
+    FOUND_CACHE = 4096    # distinct search results remembered for sharing
+
     CONTEXT_CAP = 2       # lines per file kept for a rule that only locates (role context)
 
     def _confirmer(self, kind: str, srun: bool):
@@ -562,9 +565,15 @@ class FolderReader:
                   candidates=self._cands.setdefault(cands, cands), following=following)
         if matches is not None and not self.reference:
             # The confirm step's matches: extract builds the events from them.
-            ln.found = found_for(ln, [by_id[r] for r in ln.candidates], {
+            found = found_for(ln, [by_id[r] for r in ln.candidates], {
                 r: {k: v for k, v in m.groupdict().items() if v is not None}
                 for r, m in sorted(matches.items())})
+            # Most of a kept line's memory is this; lines that say the same thing (a warning
+            # every rank prints) share one copy, read-only (extract copies what it keeps).
+            key = tuple((r, tuple(cp.items()), row) for r, (cp, row) in found.items())
+            if len(self._founds) >= self.FOUND_CACHE:
+                self._founds.clear()
+            ln.found = self._founds.setdefault(key, found)
         return ln
 
     @staticmethod
