@@ -207,15 +207,7 @@ class FolderReader:
         if not files or any("/" in rel for _, rel in files):
             return None
         hosts, own = set(), False
-        for path, rel in files:
-            try:
-                fd, _ = open_regular(str(path), owner=self.owner)
-            except SkipFile:
-                continue
-            try:
-                head = read_head(fd, self.lim.sniff_bytes)
-            finally:
-                os.close(fd)
+        for rel, head in self._heads(files, self.lim.sniff_bytes):
             kind, _ = _classify(Path(rel).name, head, False)
             if kind == "rank_output":
                 continue
@@ -406,18 +398,23 @@ class FolderReader:
             job.restart = max(job.restart - 1, 0)
         return slurm_state.merge(job, *(sacct[:1]))
 
-    def _reference(self, files) -> Optional[float]:
-        """No job record: take the first full timestamp found at the head of any file."""
-        tc = TimeContext(None, self.offset)
+    def _heads(self, files, size: int):
+        """(name, first `size` bytes) of each file that may be read (see reader.open_regular)."""
         for path, rel in files:
             try:
                 fd, _ = open_regular(str(path), owner=self.owner)
             except SkipFile:
                 continue
             try:
-                head = read_head(fd, 16384).decode("utf-8", "replace")
+                yield rel, read_head(fd, size)
             finally:
                 os.close(fd)
+
+    def _reference(self, files) -> Optional[float]:
+        """No job record: take the first full timestamp found at the head of any file."""
+        tc = TimeContext(None, self.offset)
+        for _, raw in self._heads(files, 16384):
+            head = raw.decode("utf-8", "replace")
             for ln in head.split("\n")[:50]:
                 t = tc.epoch(split_prefix(clean(ln), srun=True).stamp)
                 if t is not None:
