@@ -260,41 +260,79 @@ def test_a_server_that_never_answers_times_out_within_the_setting(silent):
         assert took < 1.5 + 6, took                   # the wait, plus Python's start
 
 
+class Answering:
+    """A web server that answers every path the same way, `answer` = (status, content type,
+    body); over TLS with `tls` = (certificate, key)."""
+
+    def __init__(self, tls=None):
+        self.answer = (200, "application/json", b"{}")
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, ctype, body = outer.answer
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if tls:
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.srv.server_port}/"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
 @pytest.fixture
 def broken():
-    """A web server that answers every path the same way: (status, content type, body)."""
-    answer = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            status, ctype, body = answer["now"]
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}/", answer
-    srv.shutdown()
-    srv.server_close()
+    srv = Answering()
+    yield srv
+    srv.close()
 
 
 def test_errors_and_odd_answers_are_one_line(broken):
-    url, answer = broken
-    answer["now"] = (500, "text/plain", b"boom")
+    url = broken.url
+    broken.answer = (500, "text/plain", b"boom")
     one_line_error(sattrib("1001", server=url), f"dashboard at {url} answered 500",
                    "journalctl -u sattrib-dashboard")
-    answer["now"] = (200, "text/html", b"<html>a login page</html>")
+    broken.answer = (200, "text/html", b"<html>a login page</html>")
     one_line_error(sattrib("1001", server=url), "is not JSON", "server_url")
-    answer["now"] = (404, "text/html", b"<h1>Not found</h1>")      # not a sattrib dashboard
+    broken.answer = (404, "text/html", b"<h1>Not found</h1>")      # not a sattrib dashboard
     one_line_error(sattrib("1001", server=url), f"dashboard at {url} has no /job.json")
-    answer["now"] = (401, "text/html", b"login")
+    broken.answer = (401, "text/html", b"login")
     one_line_error(sattrib("1001", server=url), "refused the request (401", "without one")
-    answer["now"] = (200, "application/json", b'{"runs": [{"cluster": "a", "restart": 0}]}')
+    broken.answer = (200, "application/json", b'{"runs": [{"cluster": "a", "restart": 0}]}')
     one_line_error(sattrib("1001", server=url), "unexpected answer from "
                    f"{url}diagnosis/a/1001/0.json")
     one_line_error(sattrib("1001", server="ftp://x/"), "server_url", "must be an http")
+
+
+
+def test_tls_is_verified_and_server_ca_file_trusts_the_sites_ca(tmp_path):
+    """A dashboard with a certificate of the site's own CA (here: self-signed): refused in one
+    line until server_ca_file names it."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    srv = Answering(tls=(cert, key))
+    srv.answer = (404, "application/json", b'{"job_id": "1001", "runs": []}')
+    try:
+        one_line_error(sattrib("1001", server=srv.url),
+                       f"cannot verify the TLS certificate of {srv.url}", "server_ca_file")
+        one_line_error(sattrib("1001", server=srv.url, SATTRIB_SERVER_CA_FILE=str(cert)),
+                       f"no diagnosis for job 1001 at {srv.url}")
+    finally:
+        srv.close()
