@@ -44,6 +44,7 @@ def test_unknown_job_is_one_line_with_hint():
 def test_missing_database_is_a_user_error(tmp_path):
     r = run("123", env={"SATTRIB_DATABASE": str(tmp_path / "none.db")})
     assert r.returncode == 1 and "no diagnoses database" in r.stderr and "Traceback" not in r.stderr
+    assert "on a login node, set server_url" in r.stderr
 
 
 def test_analyze_errors(tmp_path):
