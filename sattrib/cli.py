@@ -15,7 +15,7 @@ import click
 from . import __version__
 from .errors import UserError
 
-JOBID = re.compile(r"^\d+(?:[_+.]\d+)*$")
+JOBID = re.compile(r"^\d+(?:[_+.]\d+)*(?:\.(?:batch|extern|interactive))?$")
 
 
 class DefaultShow(click.Group):
