@@ -206,3 +206,50 @@ def read(fd: int) -> Optional[Replay]:
         rep.notes.append(f"the node's extract is larger than {MAX_BYTES >> 20} MiB: "
                          "records past that not read")
     return rep
+
+
+MAX_SHIP = 64 << 20            # characters of extracts one node ships in its snapshot
+
+
+def ship(paths: list, owner: Optional[int], cap: int, limits: Limits, rules_dirs: list,
+         deadline: float) -> tuple[list, list]:
+    """What a node's Epilog ships for its own output files: (outputs, notes), outputs being
+    [{"source", "lines"}]. The rules load and every file is read in a child process killed
+    at the deadline (slurm_job.in_child); a file not finished by then, or past MAX_SHIP, is
+    left to the controller, which copies it."""
+    from pathlib import Path
+
+    from ..engine.rules import load_rules
+    from .evidence_folder import FolderReader
+    from .slurm_job import in_child
+
+    state: dict = {}
+
+    def work(i: int) -> dict:
+        if not state:
+            rules = load_rules([Path(d) for d in rules_dirs], lenient_site=True)
+            state.update(reader=FolderReader(rules, limits=limits), version=rules.version)
+        return extract(paths[i], owner, cap, state["reader"], state["version"])
+
+    notes: list = []
+    try:
+        done, timed_out = in_child(len(paths), work, deadline)
+    except OSError as e:
+        return [], [f"job output not read on the node: cannot start the reader ({e.strerror})"]
+    outputs, total, left = [], 0, 0
+    for i in range(len(paths)):
+        got = done.get(i)
+        if got is None or got.get("lines") is None:
+            left += got is None
+            notes.extend((got or {}).get("notes") or [])
+            continue
+        total += len(got["lines"])
+        if total > MAX_SHIP:
+            left += 1
+            continue
+        outputs.append({"source": got["source"], "lines": got["lines"]})
+    if left:
+        notes.append(f"{left} of {len(paths)} output files left to the controller ("
+                     + ("the Epilog's deadline came first)" if timed_out else
+                        f"more than {MAX_SHIP >> 20} MiB of extracts)"))
+    return outputs, notes

@@ -38,6 +38,12 @@ def snapshot(env, deadline: float) -> str:
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
     snap["notes"] = [f"config: {p}" for p in loaded.problems]
+    try:
+        snap["outputs"] = _ship_outputs(job, st, deadline - WRITE_RESERVE_S, snap["notes"])
+    except Exception:     # the rest of the snapshot still goes; the controller copies the files
+        log.exception("output extracts failed")
+        snap["outputs"] = []
+        snap["notes"].append("output extracts failed on the node: the controller copies them")
     cluster = job.cluster or st.cluster
     try:
         path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
@@ -49,7 +55,31 @@ def snapshot(env, deadline: float) -> str:
     failed = [p["name"] for p in snap["probes"] if not p["ok"]]
     return (f"job {job.job_id}.{job.restart} on {node}: snapshot {path} "
             f"({', '.join(sorted(snap['files'])) or 'no files'}"
+            f"{'; extracts of ' + str(len(snap['outputs'])) + ' output files' if snap['outputs'] else ''}"
             f"{'; failed probes: ' + ', '.join(failed) if failed else ''})")
+
+
+WRITE_RESERVE_S = 2.0      # of the budget kept for writing the snapshot and its credential
+
+
+def _ship_outputs(job, st, deadline: float, notes: list) -> list:
+    """The job's output files of this node (%N / %n patterns), scanned here: their kept lines
+    go in the snapshot instead of the controller copying the bytes (collectors/output_lines)."""
+    import socket
+
+    from ..analysis import reader_limits
+    from ..collectors import output_lines, slurm_job
+    host = socket.gethostname().split(".")[0]
+    paths = slurm_job.node_output_paths(job, host, st.extra_output_globs, notes)
+    if not paths:
+        return []
+    if deadline - time.monotonic() < 1.0:
+        notes.append(f"{len(paths)} output files left to the controller (no time left)")
+        return []
+    outputs, more = output_lines.ship(paths, job.uid, st.output_cap_mb << 20,
+                                      reader_limits(st), st.rules_dirs, deadline)
+    notes.extend(more)
+    return outputs
 
 
 def main(env=None) -> int:

@@ -3,6 +3,7 @@ whose rank output files are replaced by their extracts gives the same diagnosis 
 byte, as the folder with the files, on every case and on a generated job; the extract is job
 output and hostile input like the file it stands for."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sattrib.analysis import analyze_folder, reader_limits
-from sattrib.collectors import output_lines
+from sattrib.collectors import output_lines, slurm_job
 from sattrib.collectors.evidence_folder import FolderReader
 from sattrib.config import Settings
 from tests.test_reference import CASES
@@ -168,3 +169,117 @@ def test_other_rules_are_named_in_the_notes(rules, tmp_path):
     d = json.loads(_json(tmp_path / "job", rules))
     assert any("extracted on the node with rules sha256:older" in n
                for n in d["completeness"]["notes"])
+
+
+# -- the node's Epilog ships, the controller writes the extracts -------------------------------
+
+def _job_env(work, node, pattern, **extra):
+    from sattrib.collectors import slurm_env
+    return slurm_env.from_env(dict({
+        "SLURM_JOB_ID": "8801", "SLURM_JOB_EXIT_CODE": "256", "SLURM_JOB_EXIT_CODE2": "1:0",
+        "SLURM_NODELIST": "k[1-2]", "SLURMD_NODENAME": node, "SLURM_CLUSTER_NAME": "kc",
+        "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "root",
+        "SLURM_JOB_WORK_DIR": str(work), "SLURM_JOB_STDOUT": pattern}, **extra))
+
+
+def test_which_files_are_the_nodes_own(tmp_path):
+    from sattrib.collectors.slurm_job import node_output_paths
+    w = tmp_path
+    for name in ("k1.out", "k2.out", "idx-0.out", "idx-1.out", "k1-t0.log", "k1-t3.log",
+                 "k2-t1.log", "r0.log", "[x]k1.out"):
+        (w / name).write_text("x\n")
+    paths = lambda node, pattern, globs=(): [  # noqa: E731
+        os.path.basename(p) for p in node_output_paths(_job_env(w, node, pattern), node,
+                                                       list(globs))]
+    assert paths("k1", "%N.out") == ["k1.out"]
+    assert paths("k2", str(w / "%N.out")) == ["k2.out"]
+    assert paths("k2", "idx-%n.out") == ["idx-1.out"]
+    assert paths("k1", "%N-t%t.log") == ["k1-t0.log", "k1-t3.log"]
+    assert paths("k1", "r%t.log") == []                    # per task only: the controller's
+    assert paths("k1", "slurm-%j.out") == []               # one file for the job: the controller's
+    assert paths("k1", "[x]%N.out") == ["[x]k1.out"]       # the user's text is not glob syntax
+    assert paths("k2", "/dev/null", ["*-t*.log"]) == []    # a glob with no node part
+    assert paths("k2", "/dev/null", ["%N-t*.log"]) == ["k2-t1.log"]
+    assert paths("k9", "idx-%n.out") == []                 # not in the job's node list
+
+
+def _node_files(work):
+    for node, rank in (("k1", 0), ("k2", 1)):
+        lines = [f"{rank}: step {i} loss 1.{i}" for i in range(3000)]
+        lines += [f"{rank}: Traceback (most recent call last):",
+                  f'{rank}:   File "/w/train.py", line 40, in <module>',
+                  f'{rank}:   File "/w/packed.py", line 118, in pack',
+                  f"{rank}: RuntimeError: CUDA error: an illegal memory access was encountered"]
+        (work / f"out-{node}.out").write_text("\n".join(lines) + "\n")
+
+
+def test_node_extracts_replace_the_controllers_copies(tmp_path, monkeypatch):
+    """k1's Epilog ships its file as an extract; k2 sent a snapshot without one (its Epilog
+    ran out of time): the bundle holds k1's extract and k2's copy, and the stored diagnosis
+    is the one the full files give."""
+    import time
+
+    from sattrib.collect import collect_job
+    from sattrib.collectors import spool
+    from sattrib.slurm_hooks import epilog
+    from tests.test_collect import JOB_TXT, _fake_slurm
+
+    now = time.time()
+    work = tmp_path / "work"
+    work.mkdir()
+    _node_files(work)
+    _fake_slurm(monkeypatch, now, work)
+    job = JOB_TXT.format(user="root", uid=os.getuid(), start="2026-01-01T00:00:00",
+                         end="2026-01-01T00:10:00", work=work).replace(
+        "slurm-%j.out", "out-%N.out").replace("NodeList=k[1-2]", "NodeList=k[1-2] BatchHost=k1")
+    monkeypatch.setattr(slurm_job, "scontrol_job", lambda j, d: (job, ""))
+    monkeypatch.setattr(slurm_job, "wait_final", lambda j, d, poll=1.0: (job, ""))
+    st = Settings(cluster="kc", database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
+                  spool_dir=str(tmp_path / "spool"), spool_auth="owner", collect_wait_s=1.0)
+    for node in ("k1", "k2"):
+        env = _job_env(work, node, str(work / "out-%N.out"))
+        notes: list = []
+        monkeypatch.setattr("socket.gethostname", lambda n=node: n)
+        outputs = (epilog._ship_outputs(env, st, time.monotonic() + 30, notes)
+                   if node == "k1" else [])
+        spool.write_snapshot(Path(st.spool_dir), "kc", "8801", 0, node, {
+            "format": spool.FORMAT, "job_id": "8801", "restart": 0, "node": node,
+            "files": {}, "probes": [], "outputs": outputs, "notes": notes},
+            time.monotonic() + 10, munge=False)
+    env = _job_env(work, "k1", str(work / "out-%N.out"))
+    out = collect_job("8801", st, env_job=env)
+    record = json.loads((out.bundle / "slurm" / "sattrib-run.json").read_text())
+    assert record["outputs"] == [
+        {"extract": "logs/output-000.txt.lines", "source": str(work / "out-k1.out"),
+         "node": "k1"},
+        {"copy": "logs/output-001.txt", "source": str(work / "out-k2.out")}]
+    assert sorted(p.name for p in (out.bundle / "logs").iterdir()) == [
+        "output-000.txt.lines", "output-001.txt"]
+    # The same bundle with the full file in place of the extract.
+    full = tmp_path / "full"
+    shutil.copytree(out.bundle, full)
+    (full / "logs" / "output-000.txt.lines").unlink()
+    shutil.copy(work / "out-k1.out", full / "logs" / "output-000.txt")
+    want = analyze_folder(full)[0]
+    assert want.root_cause.user_frames and want.root_cause.category.value == "application_error"
+    assert out.diagnosis.model_dump_json() == want.model_dump_json()
+
+
+def test_an_extract_made_with_other_rules_is_not_used(tmp_path, monkeypatch, rules):
+    from sattrib.collect import _shipped_outputs
+
+    class Snap:
+        def __init__(self, outputs):
+            self.data = {"outputs": outputs}
+    work = tmp_path
+    _node_files(work)
+    got = output_lines.extract(str(work / "out-k1.out"), None, CAP, FolderReader(rules),
+                               rules.version)
+    st = Settings(rules_dirs=[])
+    notes: list = []
+    assert list(_shipped_outputs({"k1": Snap([got])}, st, notes)) == [str(work / "out-k1.out")]
+    old = dict(got, lines=got["lines"].replace(rules.version, "sha256:old", 1))
+    assert _shipped_outputs({"k1": Snap([old, {"source": "relative", "lines": "x"}])},
+                            st, notes) == {}
+    assert notes == [f"k1: extract of {work / 'out-k1.out'} made with other rules or limits "
+                     "(sha256:old): copied instead"]
