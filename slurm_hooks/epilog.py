@@ -4,6 +4,8 @@ Slurm drains a node whose Epilog fails or hangs, so this never raises, always ex
 to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A job that
 exited 0 returns at once (the installed wrapper does that check before Python even starts).
 It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once.
+Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
+also scans this node's output files and ships their kept lines (collectors/output_lines.py).
 """
 from __future__ import annotations
 
@@ -70,7 +72,19 @@ def _ship_outputs(job, st, deadline: float, notes: list) -> list:
     from ..analysis import reader_limits
     from ..collectors import output_lines, slurm_job
     host = socket.gethostname().split(".")[0]
-    paths = slurm_job.node_output_paths(job, host, st.extra_output_globs, notes)
+
+    def find(_):
+        # Globbing lists directories: on a hung mount that blocks, so it runs in a child too.
+        found: list = []
+        return {"paths": slurm_job.node_output_paths(job, host, st.extra_output_globs, found),
+                "notes": found}
+    done, _ = slurm_job.in_child(1, find, min(deadline, time.monotonic() + st.probe_timeout_s))
+    if not done:
+        notes.append("output files not looked for: their folders did not answer in "
+                     f"{st.probe_timeout_s:.0f} s (the controller copies them)")
+        return []
+    paths = done[0]["paths"]
+    notes.extend(done[0]["notes"])
     if not paths:
         return []
     if deadline - time.monotonic() < 1.0:
