@@ -283,3 +283,19 @@ def test_an_extract_made_with_other_rules_is_not_used(tmp_path, monkeypatch, rul
                             st, notes) == {}
     assert notes == [f"k1: extract of {work / 'out-k1.out'} made with other rules or limits "
                      "(sha256:old): copied instead"]
+
+
+def test_controller_finds_every_nodes_and_tasks_file(tmp_path):
+    """What no node ships, the controller copies: a %N / %n / %t pattern names the batch
+    host's file first (as Slurm expands it for the batch script), then each other node's or
+    task's that exists."""
+    for name in ("k1.out", "k2.out", "n-0.out", "n-1.out", "t-0.log", "t-1.log", "t-2.log"):
+        (tmp_path / name).write_text("x\n")
+    info = {"JobId": "8801", "WorkDir": str(tmp_path), "BatchHost": "k1", "NumTasks": "3"}
+    names = lambda out, globs=(): [os.path.basename(p) for p in slurm_job.output_paths(  # noqa
+        dict(info, StdOut=out), list(globs), [], ["k1", "k2", "k3"])]
+    assert names("%N.out") == ["k1.out", "k2.out"]
+    assert names("n-%n.out") == ["n-0.out", "n-1.out"]
+    assert names("t-%t.log") == ["t-0.log", "t-1.log", "t-2.log"]
+    assert names("slurm-%j.out") == ["slurm-8801.out"]
+    assert names("/dev/null", ["n-%n.out"]) == ["n-0.out", "n-1.out"]    # any index
