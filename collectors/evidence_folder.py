@@ -384,6 +384,13 @@ class FolderReader:
                     return t
         return None
 
+    def wants_time(self, lits) -> bool:
+        """Only a line that may become a root needs its time bounded by its neighbours:
+        symptoms are never ordered against each other."""
+        by_id = self.rules.by_id
+        return any((c := by_id.get(r)) is not None and (
+            c.rule.role.value == "root" or c.rule.decode) for r in lits)
+
     @staticmethod
     def stamped_head(head: bytes) -> list[str]:
         """The lines among the first 50 of a file's head that carry a time stamp: what
@@ -547,10 +554,7 @@ class FolderReader:
             ts -= skew
         after = before = None
         by_id = self.rules.by_id
-        # Only a line that may become a root needs its time bounded by its neighbours:
-        # symptoms are never ordered against each other.
-        wants_time = any((c := by_id.get(r)) is not None and (
-            c.rule.role.value == "root" or c.rule.decode) for r in h.lits)
+        wants_time = self.wants_time(h.lits)
         if ts is None and wants_time and self._no_stamps < 32:
             # A file whose lines carry no time stamps (NCCL output) stops being searched.
             after = self._neighbour(h.prev, tc, srun, p.rank)
