@@ -153,7 +153,7 @@ def parse(data: bytes) -> Optional[Replay]:
         return None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         return None
-    notes = [n for n in header.get("notes") or [] if isinstance(n, str)][:MAX_LIST] \
+    notes = [n[:1000] for n in header.get("notes") if isinstance(n, str)][:MAX_LIST] \
         if isinstance(header.get("notes"), list) else []
     for key in ("size", "cut"):
         if type(header.get(key)) is not int or header[key] < 0:

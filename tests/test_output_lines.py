@@ -299,3 +299,15 @@ def test_controller_finds_every_nodes_and_tasks_file(tmp_path):
     assert names("t-%t.log") == ["t-0.log", "t-1.log", "t-2.log"]
     assert names("slurm-%j.out") == ["slurm-8801.out"]
     assert names("/dev/null", ["n-%n.out"]) == ["n-0.out", "n-1.out"]    # any index
+
+
+def test_header_values_are_bounded(rules, tmp_path):
+    path = _lines_file(tmp_path / "job", rules)
+    head, rest = path.read_text().split("\n", 1)
+    header = json.loads(head)
+    header.update(notes=["n" * 5000] * 500 + [7], size="big", cut=-3, srun="yes",
+                  stamps=["s" * 99999] * 80)
+    rep = output_lines.parse((json.dumps(header) + "\n" + rest).encode())
+    assert len(rep.notes) == output_lines.MAX_LIST and {len(n) for n in rep.notes} == {1000}
+    assert (rep.header["size"], rep.header["cut"], rep.header["srun"]) == (0, 0, False)
+    assert len(rep.header["stamps"]) == 50 and {len(s) for s in rep.header["stamps"]} == {16384}
