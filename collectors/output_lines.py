@@ -13,7 +13,8 @@ budget (`Limits`) and the same prefilter and rule confirmation. What it keeps is
 
 the header, then one record per kept line: its byte offset (`o`) and line number (`n`, null
 past a cut) in the file, its text (`t`), the rules whose literals hit and that matched (`l`),
-the starts of the lines before (`p`, nearest first) and after (`x`) it for time stamps, the
+the starts of the lines before (`p`, nearest first) and after (`x`) it for time stamps (only
+where the reader may bound the line's time by them), the
 lines that follow it for rules that read on (`f`), and the user's own traceback frames above it
 (`u`, collectors/frames.py). The controller puts it in the evidence folder as
 `logs/output-NNN.txt.lines`; the folder reader replays it into exactly the lines a scan of
