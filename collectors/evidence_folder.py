@@ -20,7 +20,7 @@ from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
-from . import ibstat, nvidia_smi, probes_file, prometheus, slurm_state
+from . import ibstat, nvidia_smi, output_lines, probes_file, prometheus, slurm_state
 from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
 
 def job_id_from_names(paths) -> Optional[str]:
@@ -95,7 +95,8 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
 
 def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
     try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
+        # A node's extract of a file (`X.lines`) sorts where X would.
+        entries = sorted(os.scandir(root), key=lambda e: e.name.removesuffix(".lines"))
     except OSError as e:
         notes.append(f"{rel or '.'}: cannot list: {e.strerror}")
         return
@@ -107,7 +108,7 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
         keep += ranks[:MAX_FILES_PER_DIR - len(keep)]
         notes.append(f"{rel}: {len(entries)} entries, read {len(keep)} (logs and tool output "
                      "first, then rank output by name)")
-        entries = sorted(keep, key=lambda e: e.name)
+        entries = sorted(keep, key=lambda e: e.name.removesuffix(".lines"))
     for e in entries:
         if e.name.startswith((".", "_")):
             continue
@@ -208,6 +209,8 @@ class FolderReader:
             return None
         hosts, own = set(), False
         for rel, head in self._heads(files, self.lim.sniff_bytes):
+            if rel.endswith(output_lines.SUFFIX):
+                continue                              # a node's extract of job output
             kind, _ = _classify(Path(rel).name, head, False)
             if kind == "rank_output":
                 continue
@@ -399,14 +402,19 @@ class FolderReader:
         return slurm_state.merge(job, *(sacct[:1]))
 
     def _heads(self, files, size: int):
-        """(name, first `size` bytes) of each file that may be read (see reader.open_regular)."""
+        """(name, first `size` bytes) of each file that may be read (see reader.open_regular); of
+        a node's extract (output_lines), its stamped head lines."""
         for path, rel in files:
             try:
                 fd, _ = open_regular(str(path), owner=self.owner)
             except SkipFile:
                 continue
             try:
-                yield rel, read_head(fd, size)
+                head = read_head(fd, size)
+                if rel.endswith(output_lines.SUFFIX) and output_lines.is_lines(head):
+                    rep = output_lines.read(fd)        # a node's extract: its stamped lines
+                    head = "\n".join(rep.header["stamps"] if rep else []).encode()
+                yield rel, head
             finally:
                 os.close(fd)
 
@@ -421,6 +429,20 @@ class FolderReader:
                     return t
         return None
 
+    def wants_time(self, lits) -> bool:
+        """Only a line that may become a root needs its time bounded by its neighbours:
+        symptoms are never ordered against each other."""
+        by_id = self.rules.by_id
+        return any((c := by_id.get(r)) is not None and (
+            c.rule.role.value == "root" or c.rule.decode) for r in lits)
+
+    @staticmethod
+    def stamped_head(head: bytes) -> list[str]:
+        """The lines among the first 50 of a file's head that carry a time stamp: what
+        `_reference` reads of it (a node ships them with its extract)."""
+        return [ln for ln in head[:16384].decode("utf-8", "replace").split("\n")[:50]
+                if split_prefix(clean(ln), srun=True).stamp is not None]
+
     # -- one file ---------------------------------------------------------------------------
     def _read_file(self, path: Path, rel: str, node: Optional[str], in_slurm: bool,
                    tc: TimeContext, bundle: Bundle) -> None:
@@ -431,6 +453,9 @@ class FolderReader:
             return
         try:
             head = read_head(fd, self.lim.sniff_bytes)
+            if (not in_slurm and rel.endswith(output_lines.SUFFIX)
+                    and output_lines.is_lines(head) and self._replay(fd, rel, node, tc, bundle)):
+                return
             if node is None and not in_slurm:
                 # logs/ holds what the job printed: job output whatever its name or content
                 # (contract §1), so it never counts as kernel or GPU evidence.
@@ -464,25 +489,61 @@ class FolderReader:
                                              node=node, rank=None, shown=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
-            srun = kind == "rank_output" and _srun_prefixed(head)
-            prefilter = EveryLine() if self.reference else self.rules.prefilter
-            res = scan(fd, st.st_size, prefilter, self.lit_rules, self.lines_after,
-                       self.lim, confirm=self._confirmer(kind, srun))
-            doc.truncated_bytes = res.cut
-            doc.notes.extend(res.notes)
-            rank_hint = None
-            m = _RANK_IN_NAME.search(Path(rel).name)
-            if m and kind == "rank_output":
-                rank_hint = int(m.group(1))
-            self._no_stamps = 0
-            for h in res.hits:
-                ln = self._line(doc, h, tc, srun, rank_hint)
-                if ln is not None:
-                    bundle.lines.append(ln)
+            res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
+            self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
         finally:
             os.close(fd)
 
     FOUND_CACHE = 4096    # distinct search results remembered for sharing
+
+    def scan_output(self, fd: int, size: int, head: bytes, pread=None, kind="rank_output"):
+        """(ScanResult, srun-prefixed?) for an open file: the prefilter, then the rules
+        on each line it found. Also what a node runs on its own ranks' files
+        (collectors/output_lines.py)."""
+        srun = kind == "rank_output" and _srun_prefixed(head)
+        prefilter = EveryLine() if self.reference else self.rules.prefilter
+        res = scan(fd, size, prefilter, self.lit_rules, self.lines_after, self.lim,
+                   confirm=self._confirmer(kind, srun), pread=pread)
+        return res, srun
+
+    def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, srun: bool,
+                  tc: TimeContext, bundle: Bundle) -> None:
+        doc.truncated_bytes = cut
+        doc.notes.extend(notes)
+        rank_hint = None
+        m = _RANK_IN_NAME.search(Path(doc.path).name)
+        if m and doc.kind == "rank_output":
+            rank_hint = int(m.group(1))
+        self._no_stamps = 0
+        for h in hits:
+            ln = self._line(doc, h, tc, srun, rank_hint)
+            if ln is not None:
+                bundle.lines.append(ln)
+
+    def _replay(self, fd: int, rel: str, node: Optional[str], tc: TimeContext,
+                bundle: Bundle) -> bool:
+        """A node's extract of a rank output file (`X.lines`, collectors/output_lines.py):
+        the lines a scan of X would have kept, under X's name. False: not one."""
+        rep = output_lines.read(fd)
+        if rep is None:
+            return False
+        if rep.header.get("rules") != self.rules.version:
+            rep.notes.append(f"extracted on the node with rules {rep.header.get('rules')}, "
+                             f"not these ({self.rules.version}): lines only these rules "
+                             "match are not in it")
+        doc = Document(path=rel[:-len(output_lines.SUFFIX)], node=node, kind="rank_output",
+                       source=Source.stderr, size=rep.header["size"])
+        bundle.documents.append(doc)
+        # The node kept the lines its rules confirmed; confirming them again here, in order,
+        # gives the same matches (and the same context-rule counts) the scan had.
+        confirm = self._confirmer("rank_output", rep.header["srun"])
+        hits = []
+        for h in rep.hits:
+            h.lits, h.meta = confirm(h.data, h.lits)
+            if h.lits:
+                hits.append(h)
+        self._add_hits(doc, hits, rep.header["cut"], rep.notes, rep.header["srun"], tc, bundle)
+        return True
 
     CONTEXT_CAP = 2       # lines per file kept for a rule that only locates (role context)
 
@@ -540,10 +601,7 @@ class FolderReader:
             ts -= skew
         after = before = None
         by_id = self.rules.by_id
-        # Only a line that may become a root needs its time bounded by its neighbours:
-        # symptoms are never ordered against each other.
-        wants_time = any((c := by_id.get(r)) is not None and (
-            c.rule.role.value == "root" or c.rule.decode) for r in h.lits)
+        wants_time = self.wants_time(h.lits)
         if ts is None and wants_time and self._no_stamps < 32:
             # A file whose lines carry no time stamps (NCCL output) stops being searched.
             after = self._neighbour(h.prev, tc, srun, p.rank)
