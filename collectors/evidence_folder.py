@@ -20,7 +20,7 @@ from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
-from . import ibstat, nvidia_smi, probes_file, prometheus, slurm_state
+from . import ibstat, nvidia_smi, output_lines, probes_file, prometheus, slurm_state
 from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
 
 def job_id_from_names(paths) -> Optional[str]:
@@ -95,7 +95,8 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
 
 def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
     try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
+        # A node's extract of a file (`X.lines`) sorts where X would.
+        entries = sorted(os.scandir(root), key=lambda e: e.name.removesuffix(".lines"))
     except OSError as e:
         notes.append(f"{rel or '.'}: cannot list: {e.strerror}")
         return
@@ -107,7 +108,7 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
         keep += ranks[:MAX_FILES_PER_DIR - len(keep)]
         notes.append(f"{rel}: {len(entries)} entries, read {len(keep)} (logs and tool output "
                      "first, then rank output by name)")
-        entries = sorted(keep, key=lambda e: e.name)
+        entries = sorted(keep, key=lambda e: e.name.removesuffix(".lines"))
     for e in entries:
         if e.name.startswith((".", "_")):
             continue
@@ -134,8 +135,11 @@ class FolderReader:
         self.job_line_cap = 200_000
         self.clock: dict = {}
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
+        self._founds: dict = {}   # one Line.found per distinct search result (see _line)
         self._no_stamps = 0
         self.owner = owner
+        # Called as files are read: (files read, files in all, bytes read, bytes in all).
+        self.progress: Optional[Callable[[int, int, int, int], None]] = None
         self.lit_rules = ([tuple(c.rule.id for c in rules.rules)] if reference
                           else rules.literal_rules)
         self._by_source = rules_by_source(rules)
@@ -150,6 +154,7 @@ class FolderReader:
         _walk(root, "", 0, top, bundle.notes)
         slurm_files = [(p, r) for p, r in top if r.startswith("slurm/")]
         other = [(p, r) for p, r in top if not r.startswith("slurm/") and r not in RESERVED]
+        lone = self._lone_node(root, other, bundle)
         bundle.job = self._job(slurm_files, bundle)
         offset = self.utc_offset
         if callable(offset):
@@ -162,10 +167,9 @@ class FolderReader:
         ref = bundle.job.start or bundle.job.end or self._reference(other)
         tc = TimeContext(ref, offset)
         try:
-            bundle.node_dirs = sorted(e.name for e in os.scandir(root)
-                                      if e.is_dir(follow_symlinks=False)
-                                      and e.name not in RESERVED
-                                      and not e.name.startswith((".", "_")))
+            bundle.node_dirs = [lone] if lone else sorted(
+                e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                and e.name not in RESERVED and not e.name.startswith((".", "_")))
         except OSError:
             bundle.node_dirs = []
         for path, rel in slurm_files:
@@ -184,7 +188,7 @@ class FolderReader:
             if rel == "slurm/collect-notes.txt":
                 continue
             first = rel.split("/", 1)[0]
-            node = first if ("/" in rel and first not in RESERVED) else None
+            node = first if ("/" in rel and first not in RESERVED) else lone
             jobs.append((path, rel, node, rel.startswith("slurm/")))
         for part in self._read_all(jobs, tc):
             bundle.documents.extend(part.documents)
@@ -195,6 +199,34 @@ class FolderReader:
         if not bundle.job.job_id:
             bundle.job.job_id = job_id_from_names(d.path for d in bundle.documents)
         return bundle
+
+    def _lone_node(self, root: Path, files, bundle: Bundle) -> Optional[str]:
+        """One node's folder handed in on its own (its files at the top, no slurm/, logs/ or
+        node folders, and at least one of them the node's own: a kernel log, nvidia-smi,
+        DCGM, ibstat): the name of that node, else None. The node is the one host its kernel
+        log names, or the folder's name (contract: the folder name is the node name)."""
+        if not files or any("/" in rel for _, rel in files):
+            return None
+        hosts, own = set(), False
+        for rel, head in self._heads(files, self.lim.sniff_bytes):
+            if rel.endswith(output_lines.SUFFIX):
+                continue                              # a node's extract of job output
+            kind, _ = _classify(Path(rel).name, head, False)
+            if kind == "rank_output":
+                continue
+            own = True
+            if kind == "kernel_log":
+                for ln in head.decode("utf-8", "replace").split("\n")[:300]:
+                    h = split_prefix(clean(ln)).host
+                    if h and not h[0].isdigit() and h != "localhost":
+                        hosts.add(h.split(".")[0])
+        if not own:
+            return None
+        named = hosts.pop() if len(hosts) == 1 else None
+        node = named or Path(os.path.abspath(root)).name
+        why = "the host its kernel log names" if named else "the folder's name"
+        bundle.notes.append(f"one node's folder: its files are read as node {node}'s ({why})")
+        return node
 
     def _hang(self, root: Path, bundle: Bundle) -> list[Line]:
         """The hang picture is across nodes: every node's GPU utilisation, read together."""
@@ -254,12 +286,21 @@ class FolderReader:
     def _read_all(self, jobs: list, tc: TimeContext) -> list:
         """Read every file; big jobs are spread over processes (files are independent).
         Results come back in file order, so the bundle is the same either way."""
-        total = 0
+        sizes = []
         for path, *_ in jobs:
             try:
-                total += os.lstat(path).st_size
+                sizes.append(os.lstat(path).st_size)
             except OSError:
-                pass
+                sizes.append(0)
+        total = sum(sizes)
+        done = [0, 0]
+
+        def step(parts: list) -> list:
+            if self.progress:
+                done[0] += len(parts)
+                done[1] += sum(sizes[done[0] - len(parts):done[0]])
+                self.progress(done[0], len(jobs), done[1], total)
+            return parts
         workers = 1 if self.reference else min(os.cpu_count() or 1, 8, len(jobs))
         if workers > 1 and total >= self.PARALLEL_MIN_BYTES and hasattr(os, "fork"):
             import multiprocessing
@@ -275,11 +316,11 @@ class FolderReader:
                 with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
                         "fork")) as ex:
                     for res in ex.map(_read_in_worker, batches):
-                        out.extend(res)
+                        out.extend(step(res))
             finally:
                 _FORK_STATE = None
             return out
-        return [self._read_one(*job, tc) for job in jobs]
+        return [part for job in jobs for part in step([self._read_one(*job, tc)])]
 
     def _read_one(self, path, rel, node, in_slurm, tc) -> Bundle:
         part = Bundle(name=rel, job=JobInfo())
@@ -360,23 +401,47 @@ class FolderReader:
             job.restart = max(job.restart - 1, 0)
         return slurm_state.merge(job, *(sacct[:1]))
 
-    def _reference(self, files) -> Optional[float]:
-        """No job record: take the first full timestamp found at the head of any file."""
-        tc = TimeContext(None, self.offset)
+    def _heads(self, files, size: int):
+        """(name, first `size` bytes) of each file that may be read (see reader.open_regular); of
+        a node's extract (output_lines), its stamped head lines."""
         for path, rel in files:
             try:
                 fd, _ = open_regular(str(path), owner=self.owner)
             except SkipFile:
                 continue
             try:
-                head = read_head(fd, 16384).decode("utf-8", "replace")
+                head = read_head(fd, size)
+                if rel.endswith(output_lines.SUFFIX) and output_lines.is_lines(head):
+                    rep = output_lines.read(fd)        # a node's extract: its stamped lines
+                    head = "\n".join(rep.header["stamps"] if rep else []).encode()
+                yield rel, head
             finally:
                 os.close(fd)
+
+    def _reference(self, files) -> Optional[float]:
+        """No job record: take the first full timestamp found at the head of any file."""
+        tc = TimeContext(None, self.offset)
+        for _, raw in self._heads(files, 16384):
+            head = raw.decode("utf-8", "replace")
             for ln in head.split("\n")[:50]:
                 t = tc.epoch(split_prefix(clean(ln), srun=True).stamp)
                 if t is not None:
                     return t
         return None
+
+    def wants_time(self, lits) -> bool:
+        """Only a line that may become a root needs its time bounded by its neighbours:
+        symptoms are never ordered against each other."""
+        by_id = self.rules.by_id
+        return any((c := by_id.get(r)) is not None and (
+            c.rule.role.value == "root" or c.rule.decode) for r in lits)
+
+    @staticmethod
+    def stamped_head(head: bytes) -> list[str]:
+        """The lines among the first 50 of a file's head that carry a time stamp: what
+        `_reference` reads of it (a node ships them with its extract)."""
+        return [ln for ln in head[:16384].decode("utf-8", "replace").split("\n")[:50]
+                if split_prefix(clean(ln), srun=True).stamp is not None]
 
     # -- one file ---------------------------------------------------------------------------
     def _read_file(self, path: Path, rel: str, node: Optional[str], in_slurm: bool,
@@ -388,6 +453,9 @@ class FolderReader:
             return
         try:
             head = read_head(fd, self.lim.sniff_bytes)
+            if (not in_slurm and rel.endswith(output_lines.SUFFIX)
+                    and output_lines.is_lines(head) and self._replay(fd, rel, node, tc, bundle)):
+                return
             if node is None and not in_slurm:
                 # logs/ holds what the job printed: job output whatever its name or content
                 # (contract §1), so it never counts as kernel or GPU evidence.
@@ -421,23 +489,61 @@ class FolderReader:
                                              node=node, rank=None, shown=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
-            srun = kind == "rank_output" and _srun_prefixed(head)
-            prefilter = EveryLine() if self.reference else self.rules.prefilter
-            res = scan(fd, st.st_size, prefilter, self.lit_rules, self.lines_after,
-                       self.lim, confirm=self._confirmer(kind, srun))
-            doc.truncated_bytes = res.cut
-            doc.notes.extend(res.notes)
-            rank_hint = None
-            m = _RANK_IN_NAME.search(Path(rel).name)
-            if m and kind == "rank_output":
-                rank_hint = int(m.group(1))
-            self._no_stamps = 0
-            for h in res.hits:
-                ln = self._line(doc, h, tc, srun, rank_hint)
-                if ln is not None:
-                    bundle.lines.append(ln)
+            res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
+            self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
         finally:
             os.close(fd)
+
+    FOUND_CACHE = 4096    # distinct search results remembered for sharing
+
+    def scan_output(self, fd: int, size: int, head: bytes, pread=None, kind="rank_output"):
+        """(ScanResult, srun-prefixed?) for an open file: the prefilter, then the rules
+        on each line it found. Also what a node runs on its own ranks' files
+        (collectors/output_lines.py)."""
+        srun = kind == "rank_output" and _srun_prefixed(head)
+        prefilter = EveryLine() if self.reference else self.rules.prefilter
+        res = scan(fd, size, prefilter, self.lit_rules, self.lines_after, self.lim,
+                   confirm=self._confirmer(kind, srun), pread=pread)
+        return res, srun
+
+    def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, srun: bool,
+                  tc: TimeContext, bundle: Bundle) -> None:
+        doc.truncated_bytes = cut
+        doc.notes.extend(notes)
+        rank_hint = None
+        m = _RANK_IN_NAME.search(Path(doc.path).name)
+        if m and doc.kind == "rank_output":
+            rank_hint = int(m.group(1))
+        self._no_stamps = 0
+        for h in hits:
+            ln = self._line(doc, h, tc, srun, rank_hint)
+            if ln is not None:
+                bundle.lines.append(ln)
+
+    def _replay(self, fd: int, rel: str, node: Optional[str], tc: TimeContext,
+                bundle: Bundle) -> bool:
+        """A node's extract of a rank output file (`X.lines`, collectors/output_lines.py):
+        the lines a scan of X would have kept, under X's name. False: not one."""
+        rep = output_lines.read(fd)
+        if rep is None:
+            return False
+        if rep.header.get("rules") != self.rules.version:
+            rep.notes.append(f"extracted on the node with rules {rep.header.get('rules')}, "
+                             f"not these ({self.rules.version}): lines only these rules "
+                             "match are not in it")
+        doc = Document(path=rel[:-len(output_lines.SUFFIX)], node=node, kind="rank_output",
+                       source=Source.stderr, size=rep.header["size"])
+        bundle.documents.append(doc)
+        # The node kept the lines its rules confirmed; confirming them again here, in order,
+        # gives the same matches (and the same context-rule counts) the scan had.
+        confirm = self._confirmer("rank_output", rep.header["srun"])
+        hits = []
+        for h in rep.hits:
+            h.lits, h.meta = confirm(h.data, h.lits)
+            if h.lits:
+                hits.append(h)
+        self._add_hits(doc, hits, rep.header["cut"], rep.notes, rep.header["srun"], tc, bundle)
+        return True
 
     CONTEXT_CAP = 2       # lines per file kept for a rule that only locates (role context)
 
@@ -495,10 +601,7 @@ class FolderReader:
             ts -= skew
         after = before = None
         by_id = self.rules.by_id
-        # Only a line that may become a root needs its time bounded by its neighbours:
-        # symptoms are never ordered against each other.
-        wants_time = any((c := by_id.get(r)) is not None and (
-            c.rule.role.value == "root" or c.rule.decode) for r in h.lits)
+        wants_time = self.wants_time(h.lits)
         if ts is None and wants_time and self._no_stamps < 32:
             # A file whose lines carry no time stamps (NCCL output) stops being searched.
             after = self._neighbour(h.prev, tc, srun, p.rank)
@@ -517,9 +620,15 @@ class FolderReader:
                   candidates=self._cands.setdefault(cands, cands), following=following)
         if matches is not None and not self.reference:
             # The confirm step's matches: extract builds the events from them.
-            ln.found = found_for(ln, [by_id[r] for r in ln.candidates], {
+            found = found_for(ln, [by_id[r] for r in ln.candidates], {
                 r: {k: v for k, v in m.groupdict().items() if v is not None}
                 for r, m in sorted(matches.items())})
+            # Most of a kept line's memory is this; lines that say the same thing (a warning
+            # every rank prints) share one copy, read-only (extract copies what it keeps).
+            key = tuple((r, tuple(cp.items()), row) for r, (cp, row) in found.items())
+            if len(self._founds) >= self.FOUND_CACHE:
+                self._founds.clear()
+            ln.found = self._founds.setdefault(key, found)
         return ln
 
     @staticmethod

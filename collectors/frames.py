@@ -51,28 +51,113 @@ def frames_before(lines: list[str]) -> list[dict]:
     return [f for f in found if is_user_file(f["file"])][:MAX_FRAMES]
 
 
-def _lines_up_to(fd: int, line: Optional[int], offset: Optional[int]) -> list[str]:
-    """The LOOKBACK lines that end with the error line (given by byte offset or line number)."""
+def _lines_up_to(pread, line: Optional[int], offset: Optional[int]) -> list[str]:
+    """The LOOKBACK lines that end with the error line (given by byte offset or line number).
+    `pread(n, offset)` reads the file (or a view of it)."""
     if offset is not None:
         start = max(0, offset - BEFORE_OFFSET)
-        data = os.pread(fd, offset - start + (64 << 10), start)
+        data = pread(offset - start + (64 << 10), start)
         head, rest = data[:offset - start], data[offset - start:]
         text = head + rest.split(b"\n", 1)[0]
         lines = text.decode("utf-8", "replace").split("\n")
         return (lines[1:] if start else lines)[-LOOKBACK:]
     if not line:
         return []
+    return frames_source_lines(pread, {line}).get(line, [])
+
+
+def frames_source_lines(pread, wanted: set) -> dict:
+    """For each line number in `wanted`: the LOOKBACK lines that end with it, in one pass
+    from the start of the file (read at most SCAN_CAP bytes)."""
+    out: dict = {}
+    if not wanted:
+        return out
     last: deque = deque(maxlen=LOOKBACK)
-    with os.fdopen(os.dup(fd), "rb") as f:
-        read = 0
-        for n, raw in enumerate(f, 1):
-            read += len(raw)
-            last.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-            if n == line:
-                return list(last)
+    top = max(wanted)
+    read = pos = n = 0
+    buf = b""
+    while True:
+        chunk = pread(8 << 20, pos)
+        pos += len(chunk)
+        if chunk:
+            *lines, buf = (buf + chunk).split(b"\n")
+        else:
+            lines, buf = ([buf] if buf else []), b""
+        for raw in lines:
+            n += 1
+            read += len(raw) + 1
+            last.append(raw.decode("utf-8", "replace").rstrip("\r"))
+            if n in wanted:
+                out[n] = list(last)
+                if n >= top:
+                    return out
             if read > SCAN_CAP:
-                break
-    return []
+                return out
+        if not chunk or len(buf) > SCAN_CAP:
+            return out
+
+
+def frames_at(pread, hits: list) -> list[list[dict]]:
+    """The user's frames above each of `hits` ((line, offset) pairs, as the evidence points
+    at them: by line number, or by offset when the line is past a cut), as `user_frames`
+    would find them in the file `pread` reads. Files with no `File "` at all cost one pass."""
+    found = False
+    pos = 0
+    tail = b""
+    while not found:
+        chunk = pread(8 << 20, pos)
+        if not chunk:
+            break
+        found = b'File "' in tail + chunk
+        tail = chunk[-8:]
+        pos += len(chunk)
+    if not found:
+        return [[] for _ in hits]
+    by_line = frames_source_lines(pread, {ln for ln, _ in hits if ln})
+    return [frames_before(by_line.get(ln, [])) if ln else
+            frames_before(_lines_up_to(pread, None, off)) if off is not None else []
+            for ln, off in hits]
+
+
+def _shipped(folder: Path, path: str, line: Optional[int], offset: Optional[int],
+             owner: Optional[int]) -> list[dict]:
+    """The frames a node found above that line, from its extract `path.lines`."""
+    from . import output_lines
+    d = _open_dirs(folder, path + ".lines")
+    if d is None:
+        return []
+    dir_fd, name = d
+    try:
+        fd, _ = open_regular(name, dir_fd=dir_fd, owner=owner)
+    except SkipFile:
+        return []
+    finally:
+        os.close(dir_fd)
+    try:
+        rep = output_lines.read(fd)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return rep.frames.get((line, offset), []) if rep else []
+
+
+def _open_dirs(folder: Path, path: str):
+    """(descriptor of the folder holding `path`, its last name), every folder on the way
+    opened without following links, as the reader does; None when one cannot be."""
+    dir_fd = None
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for part in Path(path).parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = nxt
+    except OSError:
+        if dir_fd is not None:
+            os.close(dir_fd)
+        return None
+    return dir_fd, Path(path).parts[-1]
 
 
 def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[int],
@@ -81,26 +166,22 @@ def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[i
     Nothing when the file cannot be read safely or holds no Python traceback there."""
     if not path or ".." in Path(path).parts:
         return []
-    dir_fd = None
+    if not os.path.lexists(folder / path) and os.path.lexists(folder / (path + ".lines")):
+        return _shipped(folder, path, line, offset, owner)
+    d = _open_dirs(folder, path)
+    if d is None:
+        return []
+    dir_fd, name = d
     try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        # Every folder on the way is opened without following links, as the reader does.
-        parts = Path(path).parts
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=dir_fd)
-            os.close(dir_fd)
-            dir_fd = nxt
-        fd, _ = open_regular(parts[-1], dir_fd=dir_fd, owner=owner)
-    except (OSError, SkipFile):
+        fd, _ = open_regular(name, dir_fd=dir_fd, owner=owner)
+    except SkipFile:
         return []
     finally:
-        if dir_fd is not None:
-            os.close(dir_fd)
+        os.close(dir_fd)
     try:
         if os.pread(fd, 2, 0) == b"\x1f\x8b":
             return []                      # compressed: a traceback there is not read back
-        return frames_before(_lines_up_to(fd, line, offset))
+        return frames_before(_lines_up_to(lambda n, off: os.pread(fd, n, off), line, offset))
     except OSError:
         return []
     finally:

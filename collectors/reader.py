@@ -110,10 +110,10 @@ def read_head(fd: int, n: int) -> bytes:
     return data
 
 
-def _chunks(fd: int, start: int, length: int, chunk: int) -> Iterator[bytes]:
+def _chunks(pread, start: int, length: int, chunk: int) -> Iterator[bytes]:
     pos, end = start, start + length
     while pos < end:
-        data = os.pread(fd, min(chunk, end - pos), pos)
+        data = pread(min(chunk, end - pos), pos)
         if not data:
             return
         pos += len(data)
@@ -343,25 +343,29 @@ class _Scanner:
 
 
 def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
-         limits: Limits, confirm=None) -> ScanResult:
+         limits: Limits, confirm=None, pread=None) -> ScanResult:
     """Scan an open file for prefilter literals. Gzip files are decompressed on the fly.
 
     `confirm(line_bytes, rule_ids) -> (rule_ids, meta)`, when given, runs the rules on each
-    line the prefilter found and drops the line when none matches."""
+    line the prefilter found and drops the line when none matches. `pread(n, offset)`, when
+    given, reads the file instead of `os.pread(fd, ...)` (a view of part of it: see
+    output_lines.copy_view); such a view is never gzip-decoded."""
     res = ScanResult(hits=[], size=size, scanned=0)
     sc = _Scanner(prefilter, lit_rules, lines_after, limits, confirm)
-    head = os.pread(fd, 2, 0)
+    view = pread is not None
+    pread = pread or (lambda n, off: os.pread(fd, n, off))
+    head = b"" if view else pread(2, 0)
     if head == b"\x1f\x8b":
         res.compressed = True
         sc.run(_gz_chunks(fd, limits.file_cap, limits.chunk, res), 1, 0, False)
     elif size <= limits.file_cap:
-        sc.run(_chunks(fd, 0, size, limits.chunk), 1, 0, False)
+        sc.run(_chunks(pread, 0, size, limits.chunk), 1, 0, False)
         res.scanned = size
     else:
         half = limits.file_cap // 2
-        sc.run(_chunks(fd, 0, half, limits.chunk), 1, 0, False)
-        at_line_start = os.pread(fd, 1, size - half - 1) == b"\n"
-        sc.run(_chunks(fd, size - half, half, limits.chunk), None, size - half,
+        sc.run(_chunks(pread, 0, half, limits.chunk), 1, 0, False)
+        at_line_start = pread(1, size - half - 1) == b"\n"
+        sc.run(_chunks(pread, size - half, half, limits.chunk), None, size - half,
                not at_line_start)
         res.scanned = 2 * half
         res.cut = size - 2 * half

@@ -130,24 +130,60 @@ def wait_final(job_id: str, deadline: float, poll: float = 1.0):
 
 
 def expand_pattern(pattern: str, job_id: str, name: str = "", user: str = "",
-                   node: str = "", array_job: str = "", array_task: str = "") -> str:
-    """sbatch filename patterns: %j %J %x %u %N %A %a %t %%; `%3a`-style padding too."""
+                   node: str = "", array_job: str = "", array_task: str = "",
+                   index: str = "0", task: str = "0") -> str:
+    """sbatch filename patterns: %j %J %x %u %N %n %t %A %a %%; `%3a`-style padding too.
+    `node` is %N (the short host name), `index` %n (the node's index in the job), `task` %t."""
     def rep(m):
         width, key = m.group(1), m.group(2)
-        val = {"j": job_id, "J": job_id, "x": name, "u": user, "N": node, "n": "0", "t": "0",
-               "A": array_job or job_id, "a": array_task or "", "s": "batch", "%": "%"}.get(
-            key, m.group(0))
+        val = {"j": job_id, "J": job_id, "x": name, "u": user, "N": node, "n": index,
+               "t": task, "A": array_job or job_id, "a": array_task or "", "s": "batch",
+               "%": "%"}.get(key, m.group(0))
         return val.zfill(int(width)) if width and val.isdigit() else val
     return re.sub(r"%(\d*)([jJxuNntAas%])", rep, pattern)
 
 
-def output_paths(info: dict, extra_globs: list, notes: Optional[list] = None) -> list[str]:
+# A pattern with one of these names one file per node (%N, %n) or per task (%t).
+PER_NODE = re.compile(r"%\d*[Nn]")
+PER_TASK = re.compile(r"%\d*t")
+MAX_EXPANSIONS = 20_000
+
+
+def _user_fields(info: dict, notes: list, globs: list) -> tuple[dict, list]:
+    """The fields a user chooses, and the site globs they may go into: a value with a '/' or
+    '..' is refused there (it could widen the glob or lead it out of the working directory)."""
+    fields = {"job name (%x)": info.get("JobName", ""), "user (%u)": info.get("User", "")}
+    unsafe = [f"{what} {v!r}" for what, v in fields.items() if "/" in v or ".." in v]
+    usable = []
+    for g in globs:
+        if unsafe and re.search(r"%\d*[xu]", g):
+            notes.append(f"extra_output_globs {g!r} not used: the {', '.join(unsafe)} has a "
+                         "'/' or '..'")
+            continue
+        usable.append(g)
+    return fields, usable
+
+
+def _unique(paths) -> list[str]:
+    seen, out = set(), []
+    for p in paths:
+        p = os.path.normpath(p)
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+def output_paths(info: dict, extra_globs: list, notes: Optional[list] = None,
+                 nodes: Optional[list] = None) -> list[str]:
     """StdOut/StdErr of the job plus the site's extra per-rank globs, absolute and unique.
 
-    In the site's globs, the fields a user chooses (the job name %x, the user %u, the working
-    directory) are literal text, never glob syntax, and a value with a '/' or '..' is refused:
-    it cannot widen the glob or lead it out of the working directory."""
+    A StdOut/StdErr pattern with %N, %n or %t names a file per node or task: the batch host's
+    (as today) first, then every other node's (`nodes`) and task's (NumTasks) that exists.
+    In the site's globs, %N %n %t match any value, and the fields a user chooses (the job
+    name %x, the user %u, the working directory) are literal text, never glob syntax."""
     notes = [] if notes is None else notes
+    nodes = list(nodes or [])
     work = info.get("WorkDir") or "/"
     job_id = info.get("JobId", "")
     array = (info.get("ArrayJobId", ""), info.get("ArrayTaskId", ""))
@@ -156,30 +192,58 @@ def output_paths(info: dict, extra_globs: list, notes: Optional[list] = None) ->
         p = info.get(key)
         if not p or p in ("(null)", "/dev/null"):
             continue
-        # As Slurm itself expanded it when it created the file.
-        p = expand_pattern(p, job_id, info.get("JobName", ""), info.get("User", ""),
-                           info.get("BatchHost", ""), *array)
-        paths.append(p if os.path.isabs(p) else os.path.join(work, p))
-    fields = {"job name (%x)": info.get("JobName", ""), "user (%u)": info.get("User", "")}
-    unsafe = [f"{what} {v!r}" for what, v in fields.items()
-              if "/" in v or ".." in v]
-    for g in extra_globs:
-        if unsafe and re.search(r"%\d*[xu]", g):
-            notes.append(f"extra_output_globs {g!r} not used: the {', '.join(unsafe)} has a "
-                         "'/' or '..'")
-            continue
-        esc = {k: glob.escape(v) for k, v in fields.items()}
+
+        def path(node, index="0", task="0"):
+            q = expand_pattern(p, job_id, info.get("JobName", ""), info.get("User", ""),
+                               node, *array, index=index, task=task)
+            return q if os.path.isabs(q) else os.path.join(work, q)
+        # As Slurm itself expanded it for the batch script.
+        first = path(info.get("BatchHost", ""))
+        paths.append(first)
+        tasks = int(info["NumTasks"]) if str(info.get("NumTasks", "")).isdigit() else 1
+        node_vals = list(enumerate(nodes)) if PER_NODE.search(p) else [
+            (0, info.get("BatchHost", ""))]
+        task_vals = range(min(tasks, MAX_EXPANSIONS)) if PER_TASK.search(p) else [0]
+        if len(node_vals) * len(task_vals) > 1:
+            more = (path(n, str(i), str(t)) for i, n in node_vals for t in task_vals)
+            paths.extend(q for _, q in zip(range(MAX_EXPANSIONS), more)
+                         if q != first and os.path.lexists(q))
+    fields, globs = _user_fields(info, notes, extra_globs)
+    esc = {k: glob.escape(v) for k, v in fields.items()}
+    for g in globs:
         g = expand_pattern(g, glob.escape(job_id), esc["job name (%x)"], esc["user (%u)"],
-                           "", *(glob.escape(a) for a in array))
+                           "*", *(glob.escape(a) for a in array), index="*", task="*")
         g = g if os.path.isabs(g) else os.path.join(glob.escape(work), g)
         paths.extend(sorted(glob.glob(g))[:2000])
-    seen, out = set(), []
-    for p in paths:
-        p = os.path.normpath(p)
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
-    return out
+    return _unique(paths)
+
+
+def node_output_paths(job, host: str, extra_globs: list, notes: Optional[list] = None
+                      ) -> list[str]:
+    """The job's output files that belong to this node, as its Epilog sees them: those of a
+    StdOut/StdErr pattern or site glob with a per-node part, %N = this host's short name,
+    %n = its index in the job's node list, %t = any task (the node part says whose it is).
+    `job` is the Epilog's slurm_env.JobEnv. A pattern with no per-node part is left to the
+    controller."""
+    notes = [] if notes is None else notes
+    index = str(job.nodes.index(job.node)) if job.node in (job.nodes or []) else None
+    info = {"JobName": job.name or "", "User": job.user or ""}
+    fields, globs = _user_fields(info, notes, extra_globs)
+    esc = {k: glob.escape(v) for k, v in fields.items()}
+    # The user's own patterns are literal text; the site's globs are glob syntax.
+    patterns = [glob.escape(p) for p in (job.stdout, job.stderr)
+                if p and p not in ("(null)", "/dev/null")] + globs
+    work = glob.escape(job.work_dir or "/")
+    array = [glob.escape(a or "") for a in (job.array_job, job.array_task)]
+    paths = []
+    for g in patterns:
+        if not PER_NODE.search(g) or (index is None and re.search(r"%\d*n", g)):
+            continue
+        g = expand_pattern(g, glob.escape(job.job_id), esc["job name (%x)"], esc["user (%u)"],
+                           glob.escape(host), *array, index=index or "", task="[0-9]*")
+        g = g if os.path.isabs(g) else os.path.join(work, g)
+        paths.extend(sorted(glob.glob(g))[:2000])
+    return _unique(paths)
 
 
 def copy_output(src: str, dest: Path, owner: Optional[int], cap: int, notes: list) -> bool:
@@ -212,33 +276,31 @@ def copy_output(src: str, dest: Path, owner: Optional[int], cap: int, notes: lis
     return True
 
 
-def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
-                 deadline: float) -> int:
-    """copy_output for each (src, dest) in a child process; returns how many were copied.
-    At the deadline the child is killed and abandoned (never waited for): the file it was on
-    and those after it are noted as not read, and their partial copies removed."""
-    t0 = time.monotonic()
-    if not pairs:
-        return 0
+def in_child(count: int, work, deadline: float) -> tuple[dict, bool]:
+    """work(i) -> a JSON-able dict, for i in range(count), in a child process: {i: result}
+    for those it finished, and whether the deadline stopped it. At the deadline the child is
+    killed and abandoned (never waited for): a file on a hung NFS mount blocks open() or
+    read() in the kernel, where no timeout reaches."""
+    if not count:
+        return {}, False
     r, w = os.pipe()
     try:
         pid = os.fork()
-    except OSError as e:
+    except OSError:
         os.close(r)
         os.close(w)
-        notes.append(f"job output not read: cannot start the reader ({e.strerror})")
-        return 0
-    if pid == 0:                                     # the child: copy, report, exit
+        raise
+    if pid == 0:                                     # the child: work, report, exit
         try:
             os.close(r)
-            for i, (src, dest) in enumerate(pairs):
-                sub: list = []
-                ok = copy_output(src, Path(dest), owner, cap, sub)
-                os.write(w, (json.dumps({"i": i, "ok": ok, "notes": sub}) + "\n").encode())
+            for i in range(count):
+                out = (json.dumps({"i": i, "r": work(i)}) + "\n").encode()
+                while out:
+                    out = out[os.write(w, out):]
         finally:
             os._exit(0)
     os.close(w)
-    buf, done, copied, timed_out = b"", set(), 0, False
+    buf, done, timed_out = b"", {}, False
     try:
         while True:
             left = deadline - time.monotonic()
@@ -248,19 +310,17 @@ def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
             ready, _, _ = select.select([r], [], [], min(left, 1.0))
             if not ready:
                 continue
-            chunk = os.read(r, 1 << 16)
+            chunk = os.read(r, 1 << 20)
             if not chunk:
                 break                                 # the child finished
             buf += chunk
             *lines, buf = buf.split(b"\n")
             for ln in lines:
                 rec = json.loads(ln)
-                done.add(rec["i"])
-                copied += bool(rec["ok"])
-                notes.extend(rec["notes"])
+                done[rec["i"]] = rec["r"]
     finally:
         os.close(r)
-        if len(done) < len(pairs):
+        if len(done) < count:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -271,15 +331,40 @@ def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
                 time.sleep(0.01)
         except ChildProcessError:
             pass
+    return done, timed_out
+
+
+def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
+                 deadline: float) -> int:
+    """copy_output for each (src, dest) in a child process (in_child); returns how many were
+    copied. At the deadline the file it was on and those after it are noted as not read, and
+    their partial copies removed."""
+    t0 = time.monotonic()
+    if not pairs:
+        return 0
+
+    def work(i):
+        sub: list = []
+        src, dest = pairs[i]
+        return {"ok": copy_output(src, Path(dest), owner, cap, sub), "notes": sub}
+    try:
+        done, timed_out = in_child(len(pairs), work, deadline)
+    except OSError as e:
+        notes.append(f"job output not read: cannot start the reader ({e.strerror})")
+        return 0
     secs = time.monotonic() - t0
+    copied = 0
     for i, (src, dest) in enumerate(pairs):
-        if i not in done:
-            notes.append(f"{src}: job output not read: " + (
-                f"timed out after {secs:.0f} s" if timed_out else "the reader failed"))
-            try:
-                os.unlink(dest)
-            except OSError:
-                pass
+        if i in done:
+            copied += bool(done[i]["ok"])
+            notes.extend(done[i]["notes"])
+            continue
+        notes.append(f"{src}: job output not read: " + (
+            f"timed out after {secs:.0f} s" if timed_out else "the reader failed"))
+        try:
+            os.unlink(dest)
+        except OSError:
+            pass
     return copied
 
 

@@ -28,6 +28,9 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
         for c, caps in hits:
             row = found[c.rule.id][1] if found is not None else _UNSET
             events.append(_event(ln, c, dict(caps), tc, row))
+        # Used: the reader's search results are most of a kept line's memory, and the
+        # events hold their own copies. (A second extract searches again, same answer.)
+        ln.found = None
     events.sort(key=Event.sort_key)
     return events
 

@@ -16,7 +16,8 @@ owned by the reader or root and not group/other-writable (unless sticky, like /t
 folder itself and the file must be owned by the reader and not group/other-writable. A file or
 folder that fails is never read; the rules are then loaded from source (and the file replaced
 when the folder is trusted). Files are written to an O_EXCL temporary name and renamed into
-place, so a reader sees a whole file or the old one.
+place, so a reader sees a whole file or the old one. At most KEEP_FILES files are kept, the
+ones used last.
 """
 from __future__ import annotations
 
@@ -191,6 +192,38 @@ def write(dir_fd: int, name: str, key: str, obj) -> None:
             pass
 
 
+KEEP_FILES = 8        # cache files kept per folder: one per set of rule folders in use
+STALE_TMP_S = 3600   # a temporary file this old was left by a writer that died
+
+
+def prune(dir_fd: int, keep: int = KEEP_FILES) -> None:
+    """Every distinct set of rule folders (a site folder, a `--rules-dir`) leaves its own file:
+    keep the `keep` used most recently (a read touches its file), drop the rest and any
+    temporary file a dead writer left. Best effort, like the cache itself."""
+    import time
+    files, now = [], time.time()
+    try:
+        with os.scandir(dir_fd) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if e.name.endswith(".pickle") and not e.name.startswith("."):
+                    files.append((st.st_mtime_ns, e.name))
+                elif e.name.startswith(".") and ".pickle." in e.name and \
+                        now - st.st_mtime > STALE_TMP_S:
+                    files.append((-1, e.name))
+        stale = [n for t, n in files if t < 0]
+        stale += [n for _, n in sorted((f for f in files if f[0] >= 0), reverse=True)[keep:]]
+        for name in stale:
+            os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 def cached(build: Callable, extra_dirs, builtin: bool, where: Optional[Path] = None):
     """build(extra_dirs, builtin) through the cache in `where` (default: cache_dir())."""
     extra_dirs = [Path(d) for d in extra_dirs]
@@ -205,11 +238,16 @@ def cached(build: Callable, extra_dirs, builtin: bool, where: Optional[Path] = N
             from .rules import RuleSet
             rs = read(dir_fd, name, key)
             if isinstance(rs, RuleSet):
+                try:
+                    os.utime(name, dir_fd=dir_fd, follow_symlinks=False)   # used: kept
+                except OSError:
+                    pass
                 return rs
         rs = build(extra_dirs, builtin)
         if dir_fd is not None and not rs.problems:
             rs.prefilter                 # compiled now, so the cache holds the database too
             write(dir_fd, name, key, rs)
+            prune(dir_fd)
         return rs
     finally:
         if dir_fd is not None:

@@ -66,9 +66,10 @@ def check_shape(path: Path) -> None:
 
 
 def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Optional[int] = None,
-                   timezone: str = "UTC", reference: bool = False):
+                   timezone: str = "UTC", reference: bool = False, progress=None):
     """Evidence folder -> (Diagnosis, Bundle). `reference` (for tests): the plain path, with no
-    literal prefilter, in one process, every rule on every line; same answer, much slower."""
+    literal prefilter, in one process, every rule on every line; same answer, much slower.
+    `progress(files read, files, bytes read, bytes)` is called as the files are read."""
     from .collectors.evidence_folder import FolderReader
     from .engine.pipeline import Settings, diagnose
 
@@ -86,6 +87,7 @@ def analyze_folder(path: Path, settings=None, rules=None, limits=None, owner: Op
         offset = lambda at: utc_offset(timezone, at)  # noqa: E731
     reader = FolderReader(rules, limits=limits, utc_offset=offset, owner=owner,
                           reference=reference)
+    reader.progress = progress
     bundle = reader.read(path)
     settings.utc_offset = reader.offset
     d = diagnose(bundle, rules, settings, engine_version=__version__)
@@ -114,3 +116,31 @@ def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
             if frames:
                 c.user_frames = [Frame(**f) for f in frames]
                 break
+
+
+_KIND_LABELS = (("rank_output", "job output"), ("kernel_log", "kernel log"),
+                ("journal_json", "kernel log"), ("nvidia_smi", "nvidia-smi"), ("dcgm", "DCGM"),
+                ("ibstat", "ibstat"), ("metrics", "metrics"), ("probe", "probe"),
+                ("slurm", "scheduler"), ("sacct", "scheduler"))
+
+
+def reading_summary(bundle) -> str:
+    """What the reader read, in one line: files and bytes by kind, and how many of them held a
+    line the rules know ("recognised")."""
+    kinds: dict[str, int] = {}
+    for doc in bundle.documents:
+        label = next((lab for k, lab in _KIND_LABELS if doc.kind.startswith(k)), doc.kind)
+        kinds[label] = kinds.get(label, 0) + 1
+    size = sum(doc.size for doc in bundle.documents)
+    known = len({ln.doc for ln in bundle.lines} & {doc.path for doc in bundle.documents})
+    n = len(bundle.documents)
+    parts = ", ".join(f"{v} {k}" for k, v in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    return (f"Read {n} file{'' if n == 1 else 's'} ({_size(size)}{': ' + parts if parts else ''}); "
+            f"{known} with lines the rules recognise")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import click
 from . import __version__
 from .errors import UserError
 
-JOBID = re.compile(r"^\d+(?:[_+.]\d+)*$")
+JOBID = re.compile(r"^\d+(?:[_+.]\d+)*(?:\.(?:batch|extern|interactive))?$")
 
 
 class DefaultShow(click.Group):
@@ -104,14 +105,49 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
     if folder.is_dir() and not folder.is_symlink():
         check_shape(folder)
     rules = load_rules(st.rules_dirs)
-    d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
-                          limits=reader_limits(st), timezone=st.timezone)
+    tty = sys.stderr.isatty()
+    progress = _Progress() if tty else None
+    try:
+        d, bundle = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
+                                   limits=reader_limits(st), timezone=st.timezone,
+                                   progress=progress)
+    finally:
+        if progress:
+            progress.clear()
     if store:
         from .store import open_store
         db = open_store(st.database)
         db.upsert(d, st.cluster, bundle_path=str(folder.resolve()))
         db.sync_rules(rules)
     _emit(d, as_json)
+    from .analysis import reading_summary
+    if not as_json:
+        click.echo(reading_summary(bundle))
+    elif tty:
+        click.echo(reading_summary(bundle), err=True)
+
+
+class _Progress:
+    """Files and bytes read so far, on one line of a terminal's stderr: shown once an analysis
+    has run for a second, redrawn at most four times a second, erased at the end."""
+
+    def __init__(self, after: float = 1.0):
+        self.t0 = time.monotonic()
+        self.after, self.last, self.shown = after, 0.0, False
+
+    def __call__(self, files: int, of_files: int, done: int, of_bytes: int) -> None:
+        now = time.monotonic()
+        if now - self.t0 < self.after or now - self.last < 0.25:
+            return
+        self.last, self.shown = now, True
+        sys.stderr.write(f"\r\x1b[Ksattrib: read {files}/{of_files} files, "
+                         f"{done / 1e6:,.0f}/{of_bytes / 1e6:,.0f} MB")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
 
 @main.command(epilog="""\b
@@ -121,6 +157,8 @@ Examples:
   sattrib 4417902.batch          (a step id as sacct prints it)
   sattrib 4417902 --restart 1
   sattrib 4417902 --all --json   (every run of a requeued job, as an array)
+  SATTRIB_SERVER_URL=https://slurmctl.example.org/sattrib/ sattrib 4417902
+                                 (on a login node: ask the controller's dashboard)
 """)
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis JSON (one object).")
@@ -132,23 +170,42 @@ Examples:
 @click.pass_context
 def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     """Show the stored diagnosis of a job (what `sattrib JOBID` runs): its last run, or the
-    one --restart names."""
+    one --restart names.
+
+    Where the diagnoses database cannot be read (a login node has none) or does not know the
+    job, and `server_url` is set (/etc/sattrib/sattrib.toml or SATTRIB_SERVER_URL), the
+    controller's dashboard answers (after the user's own bundle, when readable), shown the
+    same way; its evidence lines only if the dashboard shows them to everyone."""
     import os
     import re
     from . import paths
-    from .lookup import connect_readonly, find, readable
+    from .lookup import connect_readonly, find, missing, readable
     m = re.fullmatch(r"(\d+(?:_\d+)?)(?:\.(?:batch|extern|interactive|\d+))?", job_id.strip())
     if not m:
         raise UserError(f"not a job id: {job_id!r}",
                         "give a Slurm job id, e.g. 4417902, 4417902_3 or 4417902.batch")
     job_id = m.group(1)                       # a step id pasted from sacct: its job
     db_path = Path(os.path.expanduser(paths.database(database, ctx.obj.get("config"))))
-    if readable(db_path):
+    # A login node has no database: the controller's dashboard answers (an explicit
+    # --database is always read locally).
+    server = None if database else paths.setting("server_url", None, ctx.obj.get("config"))
+    rows, where, dashboard = [], db_path, None
+    if not server and not database and missing(db_path):
+        raise UserError(f"no diagnoses database at {db_path}",
+                        "on a login node, set server_url in /etc/sattrib/sattrib.toml to the "
+                        "controller's dashboard; elsewhere run `sattrib demo` or set `database`")
+    if readable(db_path) and not (server and missing(db_path)):
         rows = find(connect_readonly(db_path), db_path, job_id, cluster, restart)
     else:
-        rows = _own_bundles(ctx, db_path, job_id, cluster, restart)
+        # The user's own bundle (exported to login nodes) has the evidence lines: first.
+        rows = _own_bundles(ctx, db_path, job_id, cluster, restart, or_none=bool(server))
+    if not rows and server:
+        from .remote import Dashboard
+        st = _settings(ctx).settings
+        dashboard = Dashboard(st.server_url, st.server_timeout_s, st.server_ca_file)
+        rows, where = dashboard.runs(job_id, cluster, restart), st.server_url
     if not rows:
-        raise UserError(f"no diagnosis for job {job_id} in {db_path}",
+        raise UserError(f"no diagnosis for job {job_id} in {where}",
                         f"run `sattrib collect {job_id}` on the controller, or "
                         "`sattrib analyze DIR --store` on an evidence folder")
     clusters = sorted({r["cluster"] for r in rows})
@@ -157,12 +214,18 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
                         f"pick one: sattrib {job_id} --cluster {clusters[0]}")
     rows.sort(key=lambda r: r["restart"])
     shown = rows if all_runs else rows[-1:]
+    if dashboard:
+        for r in shown:
+            r.update(dashboard.diagnosis(job_id, r))
     if as_json:
         import json
         # What was done about it (drain, requeue, notifications, a repeat-offender
-        # escalation) is recorded beside the diagnosis: added as fields, never changed in it.
+        # escalation) is recorded beside the diagnosis: added as fields, never changed in it;
+        # so is the dashboard's word that it left out the evidence lines.
         docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
-                     escalation=r.get("escalation")) for r in shown]
+                     escalation=r.get("escalation"),
+                     **({"evidence_text": "withheld"} if r.get("withheld") else {}))
+                for r in shown]
         click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
         return
     from .render import render
@@ -307,8 +370,11 @@ def resume(ctx, node):
     click.echo(do_resume(node, st.action_timeout_s))
 
 
-def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:
-    """For a user who may not read the database: their own job's bundle, or one clear line."""
+def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart,
+                 or_none: bool = False) -> list:
+    """For a user who may not read the database: their own job's bundle, or one clear line.
+    `or_none` (the dashboard answers next): none is no error, and slurmctld is not asked for
+    the cluster's name."""
     import os
     import time
     from . import paths
@@ -317,12 +383,12 @@ def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart) -> list:
     bundles = Path(os.path.expanduser(paths.bundle_dir(config)))
     clusters = [cluster] if cluster else [paths.setting("cluster", None, config) or "default"]
     rows = find_in_bundles(bundles, clusters, job_id, restart)
-    if not rows and not cluster:
+    if not rows and not cluster and not or_none:
         from .collectors.slurm_job import cluster_name
         name = cluster_name(time.monotonic() + 5)      # the name the hooks file runs under
         if name and name not in clusters:
             rows = find_in_bundles(bundles, [name], job_id, restart)
-    if rows:
+    if rows or or_none:
         return rows
     try:
         import grp

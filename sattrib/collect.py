@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .collectors import probe, probes_file
+from .collectors import output_lines, probe, probes_file
 from .errors import UserError
 
 log = logging.getLogger("sattrib.collect")
@@ -363,11 +363,29 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     logs.mkdir()
     # The copies get names of sattrib's own: what the user called a file (`%x-%j.log`,
     # `kern.log`) never decides how it is read. The manifest keeps where each came from.
-    pairs = [(src, logs / _copy_name(i, src)) for i, src in
-             enumerate(slurm_job.output_paths(info, st.extra_output_globs, notes))]
+    # Where the nodes scanned their own output files, their extracts replace the copies.
+    from .engine.hostlist import expand
+    shipped = _shipped_outputs(snaps, st, notes)
+    sources = slurm_job.output_paths(info, st.extra_output_globs, notes,
+                                     expand(run.get("nodes") or ""))
+    sources += sorted(set(shipped) - set(sources))
+    pairs, record["outputs"] = [], []
+    for i, src in enumerate(sources):
+        copy = logs / _copy_name(i, src)
+        if src in shipped:
+            node, text, cut_note = shipped[src]
+            extract = copy.with_name(copy.name + output_lines.SUFFIX)
+            extract.write_text(text)
+            if cut_note:
+                notes.append(cut_note)
+            record["outputs"].append({"extract": f"logs/{extract.name}", "source": src,
+                                      "node": node})
+        else:
+            pairs.append((src, copy))
     slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline)
-    record["outputs"] = [{"copy": f"logs/{d.name}", "source": src} for src, d in pairs
-                         if d.is_file()]
+    record["outputs"] += [{"copy": f"logs/{d.name}", "source": src} for src, d in pairs
+                          if d.is_file()]
+    record["outputs"].sort(key=lambda o: o.get("copy") or o["extract"])
     (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
     _seal(tmp, gid)
     note = _grant_read(tmp, uid, st.probe_timeout_s)
@@ -391,6 +409,38 @@ _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Connection refuse
                           r"Could not establish a configuration source|slurm\.conf.*(?:No such "
                           r"file|not found)|Socket timed out|Zero Bytes were transmitted|"
                           r"timed out after", re.I)
+
+
+def _shipped_outputs(snaps: dict, st, notes: list) -> dict:
+    """source path -> (node, extract text, cut note) from the nodes' snapshots, for the extracts
+    made with this controller's rules and budget (others are copied here instead). Two nodes
+    that read the same file (one shared host name) made the same extract: the first is used."""
+    from .analysis import load_rules, reader_limits
+    from .collectors import output_lines
+    offered = [(node, o) for node, snap in sorted(snaps.items())
+               for o in (snap.data.get("outputs") or []) if isinstance(o, dict)
+               and isinstance(o.get("source"), str) and isinstance(o.get("lines"), str)
+               and os.path.isabs(o["source"])]
+    if not offered:
+        return {}
+    want = (load_rules(st.rules_dirs).version,
+            output_lines.budget(reader_limits(st), st.output_cap_mb << 20))
+    out: dict = {}
+    for node, o in offered:
+        try:
+            head = json.loads(o["lines"].split("\n", 1)[0])
+        except ValueError:
+            head = None
+        if not isinstance(head, dict) or head.get("format") != output_lines.FORMAT:
+            notes.append(f"{node}: extract of {o['source']} not readable: copied instead")
+            continue
+        if (head.get("rules"), head.get("budget")) != want:
+            notes.append(f"{node}: extract of {o['source']} made with other rules or limits "
+                         f"({head.get('rules')}): copied instead")
+            continue
+        cut = head.get("copy_note") if isinstance(head.get("copy_note"), str) else None
+        out.setdefault(os.path.normpath(o["source"]), (node, o["lines"], cut))
+    return out
 
 
 def _copy_name(i: int, src: str) -> str:

@@ -118,6 +118,11 @@ class Settings:
     serve_admins: list[str] = Field(default_factory=lambda: ["root"])
     serve_trusted_user_header: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9-]*)?$")
 
+    # -- login nodes: `sattrib JOBID` through the controller's dashboard -----------------------
+    server_url: str = ""                       # the dashboard's base URL; empty: local only
+    server_timeout_s: float = Field(5.0, gt=0)  # to connect, and for each whole answer
+    server_ca_file: str = ""                   # TLS: the CA bundle that signed the dashboard
+
     def __post_init__(self):
         errors = []
         for f in dataclasses.fields(self):
@@ -135,7 +140,8 @@ class Settings:
         return dataclasses.replace(self, **(update or {}))
 
 
-def _plain_url(url: str) -> str:
+def _plain_url(url: str, instead: str = ": use prometheus_user and prometheus_password_file"
+               ) -> str:
     from urllib.parse import urlsplit
     if not url:
         return url
@@ -144,7 +150,7 @@ def _plain_url(url: str) -> str:
         raise ValueError("must be an http:// or https:// URL")
     if p.username or p.password:
         raise ValueError("must not carry a user or password (it would be shown and "
-                         "logged): use prometheus_user and prometheus_password_file")
+                         "logged)" + instead)
     return url
 
 
@@ -157,7 +163,9 @@ def _known_zone(tz: str) -> str:
 
 
 _VALIDATORS = {"prometheus_url": _plain_url, "prometheus_ui_url": _plain_url,
-               "notify_url": _plain_url, "dashboard_url": _plain_url, "timezone": _known_zone}
+               "notify_url": _plain_url, "dashboard_url": _plain_url,
+               "server_url": lambda url: _plain_url(url, instead=""),
+               "timezone": _known_zone}
 _HINTS = typing.get_type_hints(Settings)
 Settings.model_fields = {f.name: f for f in dataclasses.fields(Settings)}
 

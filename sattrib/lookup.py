@@ -60,6 +60,17 @@ def readable(path: Path) -> bool:
     return os.access(path, os.R_OK)
 
 
+def missing(path: Path) -> bool:
+    """Is there no such file? (Not: may this caller not look, see `readable`.)"""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    return False
+
+
 def find_in_bundles(bundle_dir: Path, clusters: list[str], job_id: str,
                     restart: Optional[int] = None) -> list[dict]:
     """The runs of a job whose <bundle_dir>/<cluster>/<job>.<restart>/diagnosis.json this

@@ -117,7 +117,8 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
         for eid in shown:
             e = ev.get(eid)
             if e:
-                out.append(f"  {_c(eid, dim=True)} {_where(e)}: {_short(e['text'])}")
+                text = f": {_short(e['text'])}" if "text" in e else ""
+                out.append(f"  {_c(eid, dim=True)} {_where(e)}{text}")
         more = len(c.get("evidence", [])) - len(shown)
         if more > 0:
             out.append(f"  ... {more} more evidence lines (--json shows all)")
@@ -154,6 +155,9 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
         out.append(_c(f"  note: {n}", dim=True))
     if len(notes) > 5:
         out.append(_c(f"  ... {len(notes) - 5} more notes (--json shows all)", dim=True))
+    if any("text" not in e for e in d.get("evidence") or []):
+        out.append("Evidence lines: withheld by the dashboard (for its admins); file:line "
+                   "says where each one is")
     if d.get("order_note"):
         out.append(_c(f"Order: {d['order_note']}", dim=True))
     out.append(_c(f"rules {d['rules_version']}  engine {d['engine_version']}", dim=True))

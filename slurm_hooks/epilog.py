@@ -4,6 +4,8 @@ Slurm drains a node whose Epilog fails or hangs, so this never raises, always ex
 to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A job that
 exited 0 returns at once (the installed wrapper does that check before Python even starts).
 It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once.
+Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
+also scans this node's output files and ships their kept lines (collectors/output_lines.py).
 """
 from __future__ import annotations
 
@@ -38,6 +40,12 @@ def snapshot(env, deadline: float) -> str:
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
     snap["notes"] = [f"config: {p}" for p in loaded.problems]
+    try:
+        snap["outputs"] = _ship_outputs(job, st, deadline - WRITE_RESERVE_S, snap["notes"])
+    except Exception:     # the rest of the snapshot still goes; the controller copies the files
+        log.exception("output extracts failed")
+        snap["outputs"] = []
+        snap["notes"].append("output extracts failed on the node: the controller copies them")
     cluster = job.cluster or st.cluster
     try:
         path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
@@ -49,7 +57,43 @@ def snapshot(env, deadline: float) -> str:
     failed = [p["name"] for p in snap["probes"] if not p["ok"]]
     return (f"job {job.job_id}.{job.restart} on {node}: snapshot {path} "
             f"({', '.join(sorted(snap['files'])) or 'no files'}"
+            f"{'; extracts of ' + str(len(snap['outputs'])) + ' output files' if snap['outputs'] else ''}"
             f"{'; failed probes: ' + ', '.join(failed) if failed else ''})")
+
+
+WRITE_RESERVE_S = 2.0      # of the budget kept for writing the snapshot and its credential
+
+
+def _ship_outputs(job, st, deadline: float, notes: list) -> list:
+    """The job's output files of this node (%N / %n patterns), scanned here: their kept lines
+    go in the snapshot instead of the controller copying the bytes (collectors/output_lines)."""
+    import socket
+
+    from ..analysis import reader_limits
+    from ..collectors import output_lines, slurm_job
+    host = socket.gethostname().split(".")[0]
+
+    def find(_):
+        # Globbing lists directories: on a hung mount that blocks, so it runs in a child too.
+        found: list = []
+        return {"paths": slurm_job.node_output_paths(job, host, st.extra_output_globs, found),
+                "notes": found}
+    done, _ = slurm_job.in_child(1, find, min(deadline, time.monotonic() + st.probe_timeout_s))
+    if not done:
+        notes.append("output files not looked for: their folders did not answer in "
+                     f"{st.probe_timeout_s:.0f} s (the controller copies them)")
+        return []
+    paths = done[0]["paths"]
+    notes.extend(done[0]["notes"])
+    if not paths:
+        return []
+    if deadline - time.monotonic() < 1.0:
+        notes.append(f"{len(paths)} output files left to the controller (no time left)")
+        return []
+    outputs, more = output_lines.ship(paths, job.uid, st.output_cap_mb << 20,
+                                      reader_limits(st), st.rules_dirs, deadline)
+    notes.extend(more)
+    return outputs
 
 
 def main(env=None) -> int:

@@ -44,6 +44,7 @@ def test_unknown_job_is_one_line_with_hint():
 def test_missing_database_is_a_user_error(tmp_path):
     r = run("123", env={"SATTRIB_DATABASE": str(tmp_path / "none.db")})
     assert r.returncode == 1 and "no diagnoses database" in r.stderr and "Traceback" not in r.stderr
+    assert "on a login node, set server_url" in r.stderr
 
 
 def test_analyze_errors(tmp_path):
@@ -116,6 +117,8 @@ def test_show_json_is_one_object_for_a_requeued_job_and_two_clusters(tmp_path):
     assert "ran 2 times; --all shows every run" in r.stderr
     r = run("show", "7002.batch", "--all", "--database", str(db))   # a step id, as sacct prints
     assert "Job 7002 (run 1 of 2) on alps" in r.stdout and "(run 2 of 2)" in r.stdout
+    r = run("7002.batch", "--database", str(db))          # the same as the default command
+    assert r.returncode == 0 and r.stdout.startswith("Job 7002 (run 2 of 2) on alps")
     r = run("show", "7002;rm", "--database", str(db))
     assert r.returncode == 1 and "not a job id" in r.stderr
     assert run("analyze", case, "--store", "--cluster", "daint", "--database", str(db)

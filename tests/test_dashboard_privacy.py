@@ -29,7 +29,7 @@ TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
                   "", "_data", "_idx", "_docsize", "_config")]
 OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
               "/node/node-02", "/diagnosis/test/1001/0.json", "/node/node-02.json",
-              "/node/node-01.json", "/-/summary.json", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
+              "/node/node-01.json", "/-/summary.json", "/job.json?id=1001", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
               "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json",
               "/gpu/1650000000032", "/gpu/1650000000032.json",
               "/diagnoses/failed_probes.json", "/diagnoses/job_nodes.json"] + [

@@ -368,3 +368,30 @@ def test_builtin_rules_stay_strict(tmp_path, monkeypatch):
     monkeypatch.setattr(rules_mod, "BUILTIN_DIR", fake)
     with pytest.raises(rules_mod.RuleError, match="broken.yaml"):
         rules_mod.load_rules(lenient_site=True)
+
+
+def test_node_epilog_leaves_output_on_a_hung_mount_to_the_controller(tmp_path, work, hung):
+    """The node's own output files: one on a hung mount is left unshipped at the deadline (the
+    controller copies it, under its own deadline), the other is shipped; a pattern whose folder
+    hangs does not hold the Epilog either."""
+    from sattrib.analysis import reader_limits
+    from sattrib.collectors import output_lines
+    from sattrib.slurm_hooks import epilog
+    t0 = time.monotonic()
+    out, notes = output_lines.ship([str(work / "out.8801"), str(hung.path / "out.8801")],
+                                   os.getuid(), 1 << 20, reader_limits(Settings()), [],
+                                   t0 + 3)
+    assert time.monotonic() - t0 < 5
+    assert [o["source"] for o in out] == [str(work / "out.8801")]
+    assert notes == ["1 of 2 output files left to the controller (the Epilog's deadline came "
+                     "first)"]
+    job = slurm_env.from_env({"SLURM_JOB_ID": "8801", "SLURMD_NODENAME": "k1",
+                              "SLURM_NODELIST": "k1", "SLURM_JOB_WORK_DIR": str(work),
+                              "SLURM_JOB_STDOUT": str(hung.path / "sub" / "%N.out")})
+    st = Settings(probe_timeout_s=1.0)
+    notes = []
+    t0 = time.monotonic()
+    assert epilog._ship_outputs(job, st, t0 + 10, notes) == []
+    assert time.monotonic() - t0 < 3
+    assert notes == ["output files not looked for: their folders did not answer in 1 s "
+                     "(the controller copies them)"]

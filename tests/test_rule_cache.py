@@ -198,3 +198,33 @@ def test_a_stale_key_is_rebuilt(tmp_path):
     rs = _cached(where)
     assert isinstance(rs, RuleSet)
     assert _loads_ok(where)
+
+
+def test_old_cache_files_are_pruned_and_the_ones_in_use_kept(tmp_path):
+    where = tmp_path / "cache"
+    where.mkdir(mode=0o700)
+    _cached(where)                                    # the built-in set's file
+    mine = _only_file(where)
+    os.utime(mine, (1_000_000, 1_000_000))            # old, but read below: kept
+    assert isinstance(_cached(where), RuleSet)
+    old = []
+    for i in range(10):                               # other rule-folder sets, long unused
+        p = where / f"{i:024x}.pickle"
+        p.write_bytes(b"x")
+        p.chmod(0o600)
+        os.utime(p, (2_000_000 + i, 2_000_000 + i))
+        old.append(p)
+    dead = where / f".{mine.name}.123.abcd"           # a writer that died mid-write
+    dead.write_bytes(b"x")
+    os.utime(dead, (1_000_000, 1_000_000))
+    busy = where / f".{mine.name}.456.ef01"           # one writing now
+    busy.write_bytes(b"x")
+    site = tmp_path / "site"
+    site.mkdir()
+    _cached(where, [site])                            # a new set: written, then pruned
+    left = sorted(p.name for p in where.iterdir() if p.suffix == ".pickle")
+    assert len(left) == rule_cache.KEEP_FILES
+    assert mine.name in left
+    assert [p.name for p in old[-(rule_cache.KEEP_FILES - 2):]] == \
+        [n for n in left if n in {p.name for p in old}]
+    assert not dead.exists() and busy.exists()

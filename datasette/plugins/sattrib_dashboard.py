@@ -625,13 +625,25 @@ async def home_page(datasette, request):
 
 async def job_page(datasette, request):
     """The home page's job-id box: /job?id=1001 (or 1001.batch, 1001_3 as sacct prints them)
-    goes to the latest run's diagnosis; a job id known to two clusters lists both."""
+    goes to the latest run's diagnosis; a job id known to two clusters lists both.
+    /job.json?id=1001 lists every run of the job on every cluster, each with its diagnosis's
+    page and JSON (what `sattrib JOBID` asks on a login node); 404 when there is none."""
     raw = (request.args.get("id") or "").strip()
     job = raw.split(".")[0]
     db = _db(datasette)
     runs = (await db.execute(
         "select cluster, job_id, restart, outcome, category, created_at from diagnoses "
         "where job_id = ? order by created_at desc, restart desc", [job])).rows if job else []
+    if request.url_vars.get("format"):
+        listed = [{"cluster": r["cluster"], "job_id": r["job_id"], "restart": r["restart"],
+                   "outcome": r["outcome"], "category": r["category"],
+                   "created_at": r["created_at"],
+                   "url": datasette.urls.path(_diag_path(r["cluster"], r["job_id"],
+                                                         r["restart"])),
+                   "json": datasette.urls.path(_diag_path(r["cluster"], r["job_id"],
+                                                          r["restart"]) + ".json")}
+                  for r in sorted(runs, key=lambda r: (r["cluster"], r["restart"]))]
+        return Response.json({"job_id": job, "runs": listed}, status=200 if listed else 404)
     latest = {}
     for r in runs:
         latest.setdefault(r["cluster"], r)
@@ -652,7 +664,7 @@ def register_routes():
     return [
         (r"^/$", home_page),
         (r"^/-/summary(?P<format>\.json)$", home_page),
-        (r"^/job$", job_page),
+        (r"^/job(?P<format>\.json)?$", job_page),
         (r"^/diagnosis/(?P<cluster>[^/]+)/(?P<job>[^/]+)/(?P<restart>\d+)(?P<format>\.json)?$",
          diagnosis_page),
         (r"^/node/(?P<node>[^/]+?)(?P<format>\.json)?$", node_page),

@@ -395,6 +395,7 @@ class SlurmCluster:
         keep_dir: bool | None = None,
         start_timeout: float = 60.0,
         cleanup_stale: bool = True,
+        own_hostnames: bool = False,
     ) -> None:
         if isinstance(nodes, int):
             self.nodes = [f"node{i:02d}" for i in range(1, nodes + 1)]
@@ -436,6 +437,9 @@ class SlurmCluster:
         self.keep_dir = keep_dir if keep_dir is not None else os.environ.get("SATTRIB_SLURM_KEEP") == "1"
         self.start_timeout = start_timeout
         self.cleanup_stale = cleanup_stale
+        # Each slurmd (and so its jobs and Epilogs) in its own UTS namespace whose host name
+        # is the node's name: `%N` in an output pattern then names a file per node.
+        self.own_hostnames = own_hostnames
         for n in list(self.node_env) + list(self.node_path_prefix):
             if n not in self.nodes:
                 raise ValueError(f"unknown node {n!r} (nodes: {self.nodes})")
@@ -769,6 +773,8 @@ class SlurmCluster:
         env = self._daemon_env(self._node_full_env(node))
         env["SLURMD_NODENAME"] = node
         argv = [SLURMD, "-D", "-N", node, "-f", str(self.conf_path)]
+        if self.own_hostnames:
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node] + argv
         self._slurmd[node] = self._popen(argv, f"slurmd.{node}.out", env)
         if wait:
             self._wait_for(

@@ -1068,3 +1068,80 @@ def test_config_typo_costs_no_snapshot_and_no_diagnosis(cluster, install, nodes,
         assert f"kernel:{n}" in diag["completeness"]["present"], diag["completeness"]
         assert any(x.startswith(f"{n}: config: ") and "databse" in x for x in notes), notes
     assert "unknown key 'databse'" in install.log("worker.log")
+
+
+# ---------------------------------------------------------------------------
+# per-node output scanned on the nodes: the Epilogs ship extracts, not bytes
+# ---------------------------------------------------------------------------
+
+PER_NODE_RANK = r"""
+i=0
+while [ $i -lt 2000 ]; do echo "step $i loss 2.$i lr 3e-4"; i=$((i+1)); done
+if [ "$SLURMD_NODENAME" = node02 ]; then
+  echo 'Traceback (most recent call last):' >&2
+  echo '  File "/w/train.py", line 40, in <module>' >&2
+  echo '  File "/w/packed.py", line 118, in pack' >&2
+  echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2
+else
+  sleep 1
+  echo "[rank0]:[E$(date -u +%m%d\ %H:%M:%S.%6N) $$ ProcessGroupNCCL.cpp:1896] [Rank 0] Process group watchdog thread terminated with exception: NCCL error: remote process exited or there was a network error, NCCL version 2.21.5" >&2
+fi
+exit 1
+"""
+
+
+@pytest.mark.slurm
+@timeout(300)
+def test_per_node_output_is_shipped_as_extracts(slurm_cluster_factory, install, nodes, work):
+    """`--output=DIR/%N.out` on two nodes whose host names are their node names: each node's
+    Epilog scans its own file and ships the kept lines; the bundle holds the two extracts and no
+    copy, and the stored diagnosis is the one the full files give."""
+    two = NODES[:2]
+    c = slurm_cluster_factory(nodes=two, own_hostnames=True, cluster_name="sattribscale",
+                              epilog=str(install.epilog),
+                              epilog_slurmctld=str(install.epilog_ctld),
+                              node_env={n: nodes.env[n] for n in two}, slurmd_timeout=10)
+    saved = dict(install.base_settings)
+    install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "probe_path": str(nodes.probe_dir)}
+    install.configure()
+    try:
+        nodes.write_journals()
+        out = work / f"pernode-{uuid.uuid4().hex[:8]}"
+        out.mkdir()
+        (out / "rank.sh").write_text(PER_NODE_RANK)
+        pattern = str(out / "%N.out")
+        jid = c.sbatch(f"srun --open-mode=append --output={pattern} sh {out / 'rank.sh'}\n",
+                       nodes=2, ntasks_per_node=1, output=pattern, open_mode="append")
+        c.wait_job(jid, {"FAILED"}, timeout=60)
+        t_end = time.monotonic() + DIAGNOSIS_TIMEOUT
+        while not (rows := [r for r in db_rows(install, jid) if r["cluster"] == "sattribscale"]):
+            assert time.monotonic() < t_end, install.logs_tail() + "\n" + c.diagnostics()
+            time.sleep(0.3)
+    finally:
+        install.base_settings = saved
+        install.configure()
+    stored = json.loads(rows[0]["json"])
+    bundle = Path(rows[0]["bundle"])
+    record = json.loads((bundle / "slurm" / "sattrib-run.json").read_text())
+    assert sorted((o.get("node"), o["source"]) for o in record["outputs"]) == [
+        ("node01", str(out / "node01.out")), ("node02", str(out / "node02.out"))], record
+    logs = sorted(p.name for p in (bundle / "logs").iterdir())
+    assert logs == ["output-000.txt.lines", "output-001.txt.lines"], logs
+    epilog_log = install.log("epilog.log")
+    assert "extracts of 1 output files" in epilog_log, epilog_log[-2000:]
+    assert stored["root_cause"]["category"] == "application_error", stored["root_cause"]
+    assert stored["root_cause"]["user_frames"][0]["file"] == "/w/packed.py"
+
+    # The same bundle with the original files in place of the extracts.
+    full = work / f"full-{jid}"
+    shutil.copytree(bundle, full)
+    for o in record["outputs"]:
+        (full / o["extract"]).unlink()
+        shutil.copy(o["source"], full / o["extract"].removesuffix(".lines"))
+    assert not list((full / "logs").glob("*.lines"))
+    want = sattrib(c, install, "analyze", str(full), "--json").stdout
+    assert sattrib(c, install, "analyze", str(bundle), "--json").stdout == want
+    assert json.loads(want) == stored
+    print(f"\nper-node extracts: {[(p.name, p.stat().st_size) for p in (bundle / 'logs').iterdir()]}"
+          f" for {[(p.name, p.stat().st_size) for p in sorted(out.glob('*.out'))]}")
