@@ -1,6 +1,10 @@
 """The dashboard on a database of 1,000,000 diagnoses, in headless Chromium: every page answers
-within Datasette's query time limit (a query over the limit shows an error, which fails the
-test) and shows what it shows on a small database. Page times go to tests/artifacts/."""
+within a query time limit (a query over it shows an error, which fails the test) and shows what
+it shows on a small database. Page times go to tests/artifacts/.
+
+The limit here is twice the 1 s default, for a test machine busy with other work: the queries
+take 0.2-0.6 s alone, and the failure list filtered by partition, user and category took 3.4 s
+before its index."""
 import json
 import shutil
 import time
@@ -64,13 +68,14 @@ def million(tmp_path_factory):
 
 
 @pytest.mark.browser
-def test_every_page_answers_on_a_million_diagnoses(million):
+def test_every_page_answers_on_a_million_diagnoses(million, monkeypatch):
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():
         pytest.skip("Debian's chromium is not installed (tests/integration/setup-system.sh)")
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     times = {}
+    monkeypatch.setenv("SATTRIB_SERVE_SQL_TIME_LIMIT_MS", "2000")
     with _Served(million) as srv, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(chromium), args=[
             "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -95,6 +100,7 @@ def test_every_page_answers_on_a_million_diagnoses(million):
         assert 2_000 < s["windows"]["24h"]["failures"] < 4_000
         assert 17_000 < s["windows"]["7d"]["failures"] < 22_000
         assert "Drain list" in body and s["drain"]
+        assert s["hook_health"]["nodes"] and "Hook health" in body
         page.screenshot(path=str(ARTIFACTS / "million-home.png"))
 
         body = visit("recent_failures", "/diagnoses/recent_failures")
@@ -112,6 +118,8 @@ def test_every_page_answers_on_a_million_diagnoses(million):
         visit("failures_by_category", "/diagnoses/failures_by_category")
         assert page.locator("svg rect.bar").count() >= 30
         page.screenshot(path=str(ARTIFACTS / "million-failures-by-category.png"))
+        visit("hook_health", "/diagnoses/hook_health")
+        assert page.locator("table.rows-and-columns tbody tr").count() >= 100
         visit("unexplained", "/diagnoses/unexplained")
         visit("missing_telemetry", "/diagnoses/missing_telemetry")
 
