@@ -63,7 +63,7 @@ def test_every_canned_query_runs(db, query):
     rows = json.loads(body)
     assert isinstance(rows, list)
     if query in ("recent_failures", "node_hotspots", "failures_by_category", "unexplained",
-                 "missing_telemetry", "gpu_hotspots", "hook_health"):
+                 "missing_telemetry", "gpu_hotspots", "hook_health", "workload_failures"):
         assert rows, f"{query} returned no rows"
 
 
@@ -513,3 +513,33 @@ def test_search_summaries_and_evidence_lines(db, tmp_path):
     assert len(_jobs(other, "recent_failures", q="NETIR_LINK_EVT")) == 1   # in the action
     _, body = get(other, "/diagnoses/search_evidence.json?_shape=array&q=Xid+149", text="all")
     assert len(json.loads(body)) == len(rows)
+
+
+def test_workload_failures_have_a_page_of_their_own(db):
+    # What the hotspots leave out (the jobs' own faults) is listed by user and category.
+    import sqlite3
+    con = sqlite3.connect(db)
+    want = {(u, c) for u, c in con.execute(
+        "select user, category from diagnoses where outcome = 'attributed' and family = "
+        "'workload' and category not in ('software_incompat', 'scheduler_node_failure')")}
+    con.close()
+    _, body = get(db, "/diagnoses/workload_failures.json?_shape=array&days=3650")
+    rows = json.loads(body)
+    assert {(r["user"], r["category"]) for r in rows} == want and want
+    assert {"application_error", "cuda_oom", "host_oom"} <= {c for _, c in want}
+    _, body = get(db, "/diagnoses/workload_failures.json?_shape=array&days=3650"
+                      "&category=cuda_oom")
+    assert {r["category"] for r in json.loads(body)} == {"cuda_oom"}
+
+
+def test_a_node_page_draws_its_history_by_the_part_it_played(db):
+    # gn02 caused job 7001 (Xid 79): one mark on the infrastructure lane; a node that only
+    # took part in failed jobs has marks on that lane alone.
+    _, html = get(db, "/node/gn02")
+    svg = html[html.index('<svg class="swimlane"'):html.index("</svg>")]
+    assert "caused (infra)" in svg and svg.count('class="mark infra"') >= 1
+    assert "job 7001" in svg
+    _, html = get(db, "/node/gn01")
+    svg = html[html.index('<svg class="swimlane"'):html.index("</svg>")]
+    assert "took part" in svg and "caused (infra)" not in svg
+    assert 'class="mark symptom"' in svg and 'class="mark infra"' not in svg

@@ -446,9 +446,18 @@ async def node_page(datasette, request):
     if request.url_vars.get("format"):
         return Response.json({"node": node, "jobs": jobs, "gpus_blamed": gpus,
                               "missing_telemetry": missing})
+    # Its history: one lane per part it played, a mark per failed job at its failure time.
+    kinds = {"cause": "infra", "cause (workload)": "workload", "took part": "symptom"}
+    history = swimlane(
+        [(r["role"], r["job_end"] or r["created_at"], kinds[r["role"]],
+          f"{r['job_end'] or r['created_at']} · job {r['job_id']} · "
+          f"{r['category'] or r['outcome']}") for r in jobs],
+        [(role, label, None) for role, label in (
+            ("cause", "caused (infra)"), ("cause (workload)", "caused (job)"),
+            ("took part", "took part")) if any(r["role"] == role for r in jobs)])
     return Response.html(await datasette.render_template(
         "sattrib_node.html", {
-            "node": node, "jobs": jobs, "missing": missing, "gpus": gpus,
+            "node": node, "jobs": jobs, "missing": missing, "gpus": gpus, "history": history,
             "caused": sum(j["role"] == "cause" for j in jobs),
             "gpu_page": lambda g: gpu_path(datasette, g),
             "diag_page": lambda r: datasette.urls.path(
