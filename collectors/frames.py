@@ -123,16 +123,9 @@ def _shipped(folder: Path, path: str, line: Optional[int], offset: Optional[int]
              owner: Optional[int]) -> list[dict]:
     """The frames a node found above that line, from its extract `path.lines`."""
     from . import output_lines
-    d = _open_dirs(folder, path + ".lines")
-    if d is None:
+    fd = _open_file(folder, path + ".lines", owner)
+    if fd is None:
         return []
-    dir_fd, name = d
-    try:
-        fd, _ = open_regular(name, dir_fd=dir_fd, owner=owner)
-    except SkipFile:
-        return []
-    finally:
-        os.close(dir_fd)
     try:
         rep = output_lines.read(fd)
     except OSError:
@@ -160,6 +153,21 @@ def _open_dirs(folder: Path, path: str):
     return dir_fd, Path(path).parts[-1]
 
 
+def _open_file(folder: Path, path: str, owner: Optional[int]) -> Optional[int]:
+    """A descriptor on the regular file at `path` under `folder`, opened as the reader opens
+    evidence (no links followed, owner checked); None when it cannot be safely."""
+    d = _open_dirs(folder, path)
+    if d is None:
+        return None
+    dir_fd, name = d
+    try:
+        return open_regular(name, dir_fd=dir_fd, owner=owner)[0]
+    except SkipFile:
+        return None
+    finally:
+        os.close(dir_fd)
+
+
 def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[int],
                 owner: Optional[int] = None) -> list[dict]:
     """The user's innermost frames above the error line at `path` (relative to `folder`).
@@ -168,16 +176,9 @@ def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[i
         return []
     if not os.path.lexists(folder / path) and os.path.lexists(folder / (path + ".lines")):
         return _shipped(folder, path, line, offset, owner)
-    d = _open_dirs(folder, path)
-    if d is None:
+    fd = _open_file(folder, path, owner)
+    if fd is None:
         return []
-    dir_fd, name = d
-    try:
-        fd, _ = open_regular(name, dir_fd=dir_fd, owner=owner)
-    except SkipFile:
-        return []
-    finally:
-        os.close(dir_fd)
     try:
         if os.pread(fd, 2, 0) == b"\x1f\x8b":
             return []                      # compressed: a traceback there is not read back

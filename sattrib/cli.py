@@ -98,7 +98,7 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
     FOLDER holds slurm/ (scontrol/sacct output), logs/ (job output) and one folder per node
     (kernel log, nvidia-smi, rank output). Files are recognised by content."""
     from .analysis import (analysis_settings, analyze_folder, check_shape, load_rules,
-                           reader_limits)
+                           reader_limits, reading_summary)
     loaded = _settings(ctx, cluster=cluster, database=database,
                        rules_dirs=list(rules_dirs) or None)
     st = loaded.settings
@@ -120,7 +120,6 @@ def analyze(ctx, folder, as_json, store, cluster, database, rules_dirs):
         db.upsert(d, st.cluster, bundle_path=str(folder.resolve()))
         db.sync_rules(rules)
     _emit(d, as_json)
-    from .analysis import reading_summary
     if not as_json:
         click.echo(reading_summary(bundle))
     elif tty:

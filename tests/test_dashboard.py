@@ -182,23 +182,32 @@ class _Served:
 
 
 LAPTOP = {"width": 1366, "height": 768}
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def need_chromium() -> None:
+    """Skip without Debian's Chromium; make the folder the screenshots go to."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (tests/integration/setup-system.sh)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+
+def launch_chromium(pw):
+    """Headless Chromium for playwright, quiet: no sandbox (root), no GPU, no network of its own."""
+    return pw.chromium.launch(executable_path=str(CHROMIUM), args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"])
 
 
 @pytest.mark.browser
 def test_browser(db, tmp_path):
-    chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.skip("Debian's chromium is not installed (tests/integration/setup-system.sh)")
+    need_chromium()
     from playwright.sync_api import sync_playwright
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     empty = tmp_path / "empty.db"
     Store(empty)
     with _Served(db) as srv, _Served(empty) as srv_empty, sync_playwright() as pw:
         base = srv.base
-        browser = pw.chromium.launch(executable_path=str(chromium), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update",
-            "--disable-sync"])
+        browser = launch_chromium(pw)
         page = browser.new_page(viewport=LAPTOP)
         page.goto(base + "/")
         assert "Drain list" in page.inner_text("body")

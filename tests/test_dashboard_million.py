@@ -6,16 +6,14 @@ The limit here is twice the 1 s default, for a test machine busy with other work
 take 0.2-0.6 s alone, and the failure list filtered by partition, user and category took 3.4 s
 before its index."""
 import json
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from helpers import CASES
 from sattrib.analysis import analyze_folder, load_rules
 from sattrib.store import Store
-from test_dashboard import ARTIFACTS, LAPTOP, _Served
+from test_dashboard import ARTIFACTS, LAPTOP, _Served, launch_chromium, need_chromium
 
 ROWS = 1_000_000
 
@@ -69,17 +67,12 @@ def million(tmp_path_factory):
 
 @pytest.mark.browser
 def test_every_page_answers_on_a_million_diagnoses(million, monkeypatch):
-    chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.skip("Debian's chromium is not installed (tests/integration/setup-system.sh)")
+    need_chromium()
     from playwright.sync_api import sync_playwright
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     times = {}
     monkeypatch.setenv("SATTRIB_SERVE_SQL_TIME_LIMIT_MS", "2000")
     with _Served(million) as srv, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(chromium), args=[
-            "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update"])
+        browser = launch_chromium(pw)
         page = browser.new_page(viewport=LAPTOP)
 
         def visit(name, path):

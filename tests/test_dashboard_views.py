@@ -17,7 +17,8 @@ from sattrib.config import Settings
 from sattrib.demo import write_demo
 from sattrib.serve import dashboard_dir, metadata
 from sattrib.store import QUIET_NOTE, Store, snapshots
-from test_dashboard import ARTIFACTS, LAPTOP, _Served, get
+from test_dashboard import (ARTIFACTS, LAPTOP, _Served, get, launch_chromium,
+                            need_chromium)
 
 SERIAL = "1650000000032"                                  # the demo's culprit GPU
 UUID = "GPU-c41e7f93-2a6d-4b8e-8f05-3d7a9c1e5b03"
@@ -254,16 +255,10 @@ def test_the_swimlane_is_absent_without_timed_evidence_and_capped_for_wide_jobs(
 
 @pytest.mark.browser
 def test_browser_views(db):
-    chromium = Path("/usr/bin/chromium")
-    if not chromium.exists():
-        pytest.skip("Debian's chromium is not installed (tests/integration/setup-system.sh)")
+    need_chromium()
     from playwright.sync_api import sync_playwright
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with _Served(db) as srv, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(chromium), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update",
-            "--disable-sync"])
+        browser = launch_chromium(pw)
         page = browser.new_page(viewport=LAPTOP)
         page.goto(srv.base + "/")
         rows = page.locator("table.hook-health tbody tr")
