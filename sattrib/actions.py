@@ -9,9 +9,10 @@ Etiquette (after LBNL NHC): a node is drained only for an `attributed` diagnosis
 takes the node out of service and whose root cause is not job output alone; a node that is
 already drained, down or reserved, or carries a reason, is left as it is; at most
 `drain_max_per_hour` nodes an hour and `drain_max_partition_percent` of a partition (at least
-one node) are drained, past that the decision is "would-drain". Every decision is recorded.
-Every scontrol call ends by `action_timeout_s`; a failure is a recorded decision, never an
-exception.
+one node) are drained, past that the decision is "would-drain"; only drains whose diagnosis
+passes the trust checks count against those limits. A worker that cannot get the drain lock
+records the decision as "held" and drains nothing. Every decision is recorded. Every scontrol
+call ends by `action_timeout_s`; a failure is a recorded decision, never an exception.
 """
 from __future__ import annotations
 
@@ -137,30 +138,70 @@ def drain_reason(d: dict, node: str) -> str:
 
 
 class _Lock:
-    """One drain decision at a time across workers (the rate limits count each other's)."""
+    """One drain decision at a time across workers: the rate limits count
+    each other's. `with _Lock(...) as held`: held is False when another worker kept the lock
+    past `timeout`; the caller then records the decision as held and does nothing, since
+    deciding without the lock could pass a limit."""
 
     def __init__(self, path: Path, timeout: float):
         self.path, self.timeout, self.fd = path, timeout, None
 
-    def __enter__(self):
+    def __enter__(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
         end = time.monotonic() + self.timeout
         while True:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
+                return True
             except BlockingIOError:
                 if time.monotonic() > end:
-                    return self          # decide anyway: a stuck worker must not stop us
+                    return False
                 time.sleep(0.1)
 
     def __exit__(self, *exc):
         os.close(self.fd)
 
 
-def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Optional[dict]:
-    """One recorded decision about draining the culprit, or None when nothing proposes it."""
+def _drain_refusal(d: dict, node: Optional[str]) -> Optional[str]:
+    """Why the trust checks refuse to drain `node` for diagnosis `d`; None when they pass.
+    The rate limits count only drains whose diagnosis passes them, so diagnoses made from what
+    a user wrote never spend the drain budget."""
+    if d.get("outcome") != "attributed":
+        return (f"outcome {d.get('outcome')}: sattrib never drains on an ambiguous or "
+                "unattributed diagnosis")
+    if (d.get("root_cause") or {}).get("trust") == "job_output":
+        return "the root cause rests on the job's own output only"
+    job_nodes = (d.get("job") or {}).get("nodes") or []
+    if not job_nodes:
+        return "the job's node list is unknown: sattrib drains only a node that ran the job"
+    if node not in job_nodes:
+        return f"{node} did not run this job"
+    return None
+
+
+def _counted_drains(conn, did: str, since: float) -> list[str]:
+    """The nodes of the drains (taken or dry-run) since `since` that spent the budget: those
+    whose diagnosis, as stored now, passes the trust checks (one entry per drain)."""
+    rows = conn.execute(
+        "SELECT a.node, x.diagnosis_json FROM actions a JOIN diagnoses x ON x.id = "
+        "a.diagnosis_id WHERE a.kind = 'drain' AND a.decision IN ('taken', 'dry-run') AND "
+        "a.created_at >= ? AND a.diagnosis_id != ?", [_iso(since), did]).fetchall()
+    return [n for n, dj in rows if _drain_refusal(_loads(dj), n) is None]
+
+
+def _loads(text: Optional[str]) -> dict:
+    try:
+        d = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def decide_drain(conn, did: str, d: dict, action: str, st, now: float,
+                 locked: bool = True) -> Optional[dict]:
+    """One recorded decision about draining the culprit, or None when nothing proposes it.
+    `locked`: whether this worker holds the drain lock; without it the decision is held."""
     root = d.get("root_cause")
     causes = [root] if root else d.get("candidates") or []
     if st.drain == "off" or not any(c.get("node") and (action if c is root else
@@ -172,14 +213,9 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
         return {"kind": "drain", "decision": decision, "node": node, "detail": detail,
                 "command": command, "created_at": _iso(now)}
 
-    if d.get("outcome") != "attributed":
-        return out("refused", f"outcome {d.get('outcome')}: sattrib never drains on an "
-                              "ambiguous or unattributed diagnosis")
-    if root.get("trust") == "job_output":
-        return out("refused", "the root cause rests on the job's own output only")
-    job_nodes = (d.get("job") or {}).get("nodes") or []
-    if job_nodes and node not in job_nodes:
-        return out("refused", f"{node} did not run this job")
+    refusal = _drain_refusal(d, node)
+    if refusal:
+        return out("refused", refusal)
     cluster, job_id = did.split("/")[0], d.get("job_id")
     done = conn.execute(
         "SELECT a.node FROM actions a JOIN diagnoses x ON x.id = a.diagnosis_id WHERE "
@@ -196,10 +232,11 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
     if reason or any(s in state.upper() for s in BUSY_STATES):
         return out("refused", f"{node} left as it is: state {state}"
                               + (f", reason {reason!r} set by someone else" if reason else ""))
-    hour = conn.execute(           # drains, not nodes: a node drained twice counts twice
-        "SELECT count(*) FROM actions WHERE kind = 'drain' AND "
-        "decision IN ('taken', 'dry-run') AND created_at >= ? AND diagnosis_id != ?",
-        [_iso(now - 3600), did]).fetchone()[0]
+    if not locked:
+        return out("held", "lock busy: another worker kept the drain lock; not drained "
+                           "(deciding without it could pass the rate limits)")
+    spent = _counted_drains(conn, did, now - 3600)
+    hour = len(spent)              # drains, not nodes: a node drained twice counts twice
     if hour >= st.drain_max_per_hour:
         return out("would-drain", f"rate limit: {hour} drains in the last hour "
                                   f"(drain_max_per_hour = {st.drain_max_per_hour})")
@@ -214,13 +251,10 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
         for ln in r.out.decode("utf-8", "replace").splitlines():
             n, _, why = ln.partition("|")
             members[n.strip()] = why.strip()
-        ours = {n for n, why in members.items() if why.startswith(REASON_PREFIX)}
+        ours = {n for n, why in members.items() if why.startswith(REASON_PREFIX)
+                and _spends_budget(conn, n, why)}
         if st.drain == "dry-run":
-            ours |= {n for (n,) in conn.execute(
-                "SELECT DISTINCT a.node FROM actions a JOIN diagnoses x ON x.id = "
-                "a.diagnosis_id WHERE a.kind = 'drain' AND a.decision = 'dry-run' AND "
-                "x.partition = ? AND a.created_at >= ? AND a.diagnosis_id != ?",
-                [partition, _iso(now - 3600), did]) if n in members}
+            ours |= {n for n in spent if n in members}
         allowed = max(1, int(len(members) * st.drain_max_partition_percent / 100))
         if len(ours - {node}) + 1 > allowed:
             return out("would-drain", f"partition limit: {len(ours)} of {len(members)} nodes "
@@ -235,6 +269,17 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
     if not r.ok:
         return out("failed", f"scontrol update failed: {_err(r)}", shown)
     return out("taken", f"drained ({action})", shown)
+
+
+def _spends_budget(conn, node: str, reason: str) -> bool:
+    """A node sattrib drained (its reason `sattrib:JOB ...`) counts against the partition's
+    share unless every diagnosis of that job that drained it now fails the trust checks."""
+    job = reason[len(REASON_PREFIX):].split(" ", 1)[0]
+    rows = conn.execute(
+        "SELECT x.diagnosis_json FROM actions a JOIN diagnoses x ON x.id = a.diagnosis_id "
+        "WHERE a.kind = 'drain' AND a.decision = 'taken' AND a.node = ? AND x.job_id = ?",
+        [node, job]).fetchall()
+    return not rows or any(_drain_refusal(_loads(dj), node) is None for (dj,) in rows)
 
 
 def requeue_around(d: dict, st, now: float) -> Optional[dict]:
@@ -351,8 +396,8 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
                                     or d.get("action_code"))
     acts: list = []
     lock = Path(st.bundle_dir) / did.split("/")[0] / ".locks" / "drain"
-    with _Lock(lock, st.action_timeout_s * 3):
-        dr = decide_drain(conn, did, d, action, st, now)
+    with _Lock(lock, st.action_timeout_s * 3) as locked:
+        dr = decide_drain(conn, did, d, action, st, now, locked)
         if dr:
             acts.append(dr)
             db.record_actions(did, acts, esc)       # seen by the next worker's rate limits
@@ -361,8 +406,8 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
         acts.append(rq)
     root = d.get("root_cause")
     body = payload(did, d, acts, esc, st)
-    if st.notify_url and (_trusted_infra(root) and d.get("outcome") == "attributed" or esc
-                          or any(a["decision"] in ("taken", "would-drain") for a in acts)):
+    if st.notify_url and (_trusted_infra(root) and d.get("outcome") == "attributed" or esc or
+                          any(a["decision"] in ("taken", "would-drain", "held") for a in acts)):
         acts.append(dict(notify(body, st), kind="notify", node=None, command=None,
                          created_at=_iso(now)))
     user = (d.get("job") or {}).get("user")

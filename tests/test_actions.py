@@ -3,7 +3,10 @@ the rate limits, repeat-offender escalation, the recorded decisions and `sattrib
 The same behaviour on a real Slurm cluster: tests/integration/test_slurm_actions.py."""
 import json
 import os
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from sattrib.cli import main
 from sattrib.config import Settings
 from sattrib.errors import UserError
 from sattrib.store import open_store
+
 
 CASES = Path(__file__).parent / "cases"
 
@@ -175,3 +179,66 @@ def test_unreachable_webhook_is_recorded_and_never_raises(tmp_path, slurm):
     got = run(st, "xid79_srun_combined_log")
     (n,) = [a for a in got["actions"] if a["kind"] == "notify"]
     assert n["decision"] == "failed" and "after 2 attempts" in n["detail"]
+
+
+# -- the trust checks, the lock and the budget --------------------------------------------------
+
+def test_a_job_without_a_node_list_drains_nothing(tmp_path, slurm):
+    st = settings(tmp_path)
+    db = open_store(st.database)
+    d = diagnose("xid79_srun_combined_log")
+    d = d.model_copy(update={"job": d.job.model_copy(update={"nodes": []})})
+    (a,) = act(db, db.upsert(d, "c1"), d, st)["actions"]
+    assert a["decision"] == "refused" and "node list is unknown" in a["detail"], a
+    assert not [c for c in slurm.calls() if c.startswith("update")]
+
+
+def test_a_busy_drain_lock_holds_the_drain(tmp_path, slurm):
+    st = settings(tmp_path, action_timeout_s=1.0)
+    lock = Path(st.bundle_dir) / "c1" / ".locks" / "drain"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "print('held', flush=True)\ntime.sleep(120)\n", str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        got = run(st, "xid79_srun_combined_log")
+    finally:
+        holder.kill()
+        holder.wait()
+    (a,) = got["actions"]
+    assert (a["decision"], a["node"]) == ("held", "gn02") and "lock busy" in a["detail"], a
+    assert not [c for c in slurm.calls() if c.startswith("update")]
+
+
+def test_only_drains_that_pass_the_trust_checks_spend_the_hourly_budget(tmp_path, slurm):
+    """Job 101 drained gn02 within the hour; replayed since (as after a rules update), its
+    diagnosis rests on the job's own output: it no longer spends the budget of one."""
+    st = settings(tmp_path, drain_max_per_hour=1)
+    db = open_store(st.database)
+    assert run(st, "xid79_srun_combined_log", "101")["actions"][0]["decision"] == "taken"
+    fake = diagnose("app_exception_fake_kernel_lines", "101")
+    assert db.upsert(fake, "c1") == "c1/101/0"
+    (a,) = run(st, "xid48_ecc_nvidia_smi_xml", "102")["actions"]
+    assert (a["decision"], a["node"]) == ("taken", "hx2"), a
+
+
+def test_only_drains_that_pass_the_trust_checks_spend_the_partition_share(tmp_path, slurm):
+    b = Path(os.environ["PATH"].split(":")[0])
+    (b / "sinfo").write_text("#!/bin/sh\nprintf 'gn01|sattrib:101 gpu_hardware x\\ngn02|none\\n"
+                             "hx1|none\\nhx2|none\\n'\n")
+    st = settings(tmp_path, drain_max_partition_percent=25.0)
+    db = open_store(st.database)
+    d = diagnose("xid79_srun_combined_log", "101")
+    d = d.model_copy(update={"root_cause": d.root_cause.model_copy(update={"node": "gn01"})})
+    did = db.upsert(d, "c1")
+    db.record_actions(did, [{"kind": "drain", "decision": "taken", "node": "gn01",
+                             "detail": "drained", "command": None}], None)
+    # while job 101's diagnosis stands, gn01 fills the partition's share (1 of 4 nodes)
+    (a,) = run(st, "xid79_srun_combined_log", "102")["actions"]
+    assert a["decision"] == "would-drain" and "1 of 4 nodes of gpu" in a["detail"], a
+    db.upsert(diagnose("app_exception_fake_kernel_lines", "101"), "c1")
+    (a,) = run(st, "xid79_srun_combined_log", "103")["actions"]
+    assert (a["decision"], a["node"]) == ("taken", "gn02"), a
