@@ -428,6 +428,79 @@ def collect(ctx, job_id, restart, force, wait_s, as_json):
         click.echo(click.style(f"bundle {out.bundle}", dim=True))
 
 
+@main.command("queue", epilog="""\b
+Examples:
+  sattrib queue              jobs waiting for a worker, being diagnosed, set aside
+  sattrib queue --run        work through the queue here (after a controller restart)
+  sattrib queue --retry      put the set-aside jobs back in the queue
+""")
+@click.option("--run", "run_now", is_flag=True,
+              help="Work through the queue in this process, within worker_concurrency (as "
+                   "the queue's owner, SlurmUser).")
+@click.option("--retry", is_flag=True, help="Put the jobs set aside in failed/ back in the queue.")
+@click.option("--limit", type=int, default=20, show_default=True,
+              help="Entries shown per state (the oldest).")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+@click.pass_context
+def queue_cmd(ctx, run_now, retry, limit, as_json):
+    """The controller's job queue (admins): the jobs EpilogSlurmctld handed over that wait for
+    a worker (pending), that a worker is diagnosing (claimed), and that were set aside after
+    queue_max_attempts failed attempts (failed), with why."""
+    from .jobqueue import Queue, QueueError, queue_dir
+    st = _settings(ctx).settings
+    root = queue_dir(st.database)
+    try:
+        q = Queue(root, create=False)
+        if (run_now or retry) and not q.owned():
+            import pwd
+            owner = pwd.getpwuid(root.lstat().st_uid).pw_name
+            raise UserError(f"the queue {root} is {owner}'s: only its owner runs its jobs",
+                            f"sudo -u {owner} sattrib queue {'--run' if run_now else '--retry'}")
+        if retry:
+            click.echo(f"{q.retry_failed()} set-aside jobs queued again", err=True)
+        if run_now:
+            _run_queue(q, st)
+        listing = q.listing(limit)
+        busy = q.busy_slots()
+    except QueueError as e:
+        raise UserError(f"no usable queue: {e}", "EpilogSlurmctld makes it beside the database "
+                        "when the first job ends") from None
+    except PermissionError as e:
+        raise UserError(f"cannot read the queue {root}: {e.strerror}",
+                        "the queue is for admins (root and SlurmUser)") from None
+    if as_json:
+        import json
+        click.echo(json.dumps({"queue": str(root), "workers": busy,
+                               "worker_concurrency": st.worker_concurrency, **listing},
+                              indent=2))
+        return
+    counts = ", ".join(f"{listing[s]['count']} {s}" for s in listing)
+    click.echo(f"queue {root}: {counts}; {busy} of {st.worker_concurrency} workers running")
+    table = [("STATE", "JOB", "RUN", "QUEUED (UTC)", "TRIES", "NOTE")]
+    for state, got in listing.items():
+        for e in got["entries"]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e["queued_at"])) \
+                if isinstance(e["queued_at"], (int, float)) else "?"
+            note = e.get("worker") or e["why"] or ""
+            table.append((state, str(e["job_id"] or e["name"]), str(e["restart"] or 0), when,
+                          str(e["attempts"]), note))
+    if len(table) > 1:
+        _table(table, False)
+
+
+def _run_queue(q, st) -> None:
+    """`sattrib queue --run`: a worker in this process, in a free slot."""
+    import logging
+    from .worker import work
+    slot = q.slot(st.worker_concurrency)
+    if slot is None:
+        click.echo(f"{st.worker_concurrency} workers are running: they empty the queue", err=True)
+        return
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s sattrib-worker[%(process)d] %(message)s")
+    click.echo(f"{work(q, st, slot)} queued jobs taken", err=True)
+
+
 @main.command(epilog="""\b
 Examples:
   sattrib serve                                  http://127.0.0.1:8001/

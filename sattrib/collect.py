@@ -154,14 +154,16 @@ def _lock(path: Path, timeout: float):
 
 def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = None,
                 force: bool = False, wait_snapshots: Optional[float] = None,
-                notes: Optional[list] = None) -> Outcome:
-    """`notes`: what the caller already knows the diagnosis should say (a config problem)."""
+                notes: Optional[list] = None, ended: Optional[float] = None) -> Outcome:
+    """`notes`: what the caller already knows the diagnosis should say (a config problem).
+    `ended`: when the job ended (when it was queued): the snapshot wait then runs from that
+    time, so a job that waited in the queue does not wait again; by hand it starts now."""
     from .collectors import slurm_job, spool
     from .engine.hostlist import expand
 
     st = settings
     t0 = time.monotonic()
-    ended = time.time()                       # the worker starts when the job ends
+    queued_at, ended = ended, ended or time.time()
     hard = t0 + st.worker_deadline_s          # every collection step ends by then
     wait = st.collect_wait_s if wait_snapshots is None else wait_snapshots
     deadline = min(t0 + wait + 60, hard)
@@ -219,7 +221,8 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
         return Outcome(False, f"job {job_id}.{restart}: another worker holds its lock")
     try:
         out = _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
-                              t0, wait, deadline, hard, spool, slurm_job, expand, run, notes)
+                              t0, wait, deadline, hard, spool, slurm_job, expand, run, notes,
+                              max(0.0, time.time() - queued_at) if queued_at else 0.0)
     finally:
         os.close(lock)
     if out.bundle is not None:
@@ -228,7 +231,8 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
 
 
 def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, wait,
-                    deadline, hard, spool, slurm_job, expand, run, notes) -> Outcome:
+                    deadline, hard, spool, slurm_job, expand, run, notes,
+                    waited=0.0) -> Outcome:
     from .engine.hostlist import compress
     nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
     spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
@@ -256,7 +260,7 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
         expect = []
         notes.append(f"{QUIET_NOTE}: the node Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
-    t_wait = min(time.monotonic() + wait, hard)
+    t_wait = min(time.monotonic() + wait - waited, hard)   # `wait` from the job's end
     snaps: dict = {}
     while True:
         scratch: list[str] = []

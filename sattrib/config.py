@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 
 from .errors import UserError
 
-from .paths import default_database as _default_database
+from .paths import SYSTEM_LOG, default_database as _default_database
 from .collectors.prometheus import DEFAULT_SERIES as _PROM_SERIES
 
 
@@ -66,7 +66,7 @@ class Settings:
     journal_lookback_s: float = Field(86400.0, ge=0)   # when the job's start is unknown
     ib_sysfs_root: str = "/sys/class/infiniband"
     probe_path: str = ""        # prepended to PATH for probes (nvidia-smi, dcgmi, journalctl)
-    log_dir: str = "/var/log/sattrib"
+    log_dir: str = SYSTEM_LOG
     spool_auth: Literal["munge", "owner"] = "munge"
     spool_writer_uid: int = Field(0, ge=0)
     munge_socket: str = ""
@@ -78,6 +78,8 @@ class Settings:
     output_cap_mb: int = Field(256, ge=1)
     keep_bundles_days: int = Field(30, ge=0)
     worker_deadline_s: float = Field(300.0, gt=0)  # the whole EpilogSlurmctld worker run
+    worker_concurrency: int = Field(2, ge=1)       # controller workers at once (the queue)
+    queue_max_attempts: int = Field(3, ge=1)       # then a queued job is set aside
 
     # -- metrics from Prometheus (EpilogSlurmctld worker and `sattrib collect`) ---------------
     prometheus_url: str = ""                   # empty: metrics are not fetched

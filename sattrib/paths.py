@@ -8,6 +8,7 @@ from typing import Optional
 
 SYSTEM_CONFIG = Path("/etc/sattrib/sattrib.toml")
 SYSTEM_DATA = Path("/var/lib/sattrib")
+SYSTEM_LOG = "/var/log/sattrib"
 
 
 def default_database() -> str:
@@ -48,3 +49,7 @@ def database(flag: Optional[str] = None, config: Optional[Path] = None, env=os.e
 
 def bundle_dir(config: Optional[Path] = None, env=os.environ) -> str:
     return setting("bundle_dir", None, config, env) or str(SYSTEM_DATA / "bundles")
+
+
+def log_dir(config: Optional[Path] = None, env=os.environ) -> str:
+    return setting("log_dir", None, config, env) or SYSTEM_LOG

@@ -110,13 +110,13 @@ def test_lenient_load_keeps_valid_keys_and_names_the_bad_ones(tmp_path):
 
 def test_worker_with_a_config_typo_still_stores_the_diagnosis_and_says_so(
         tmp_path, monkeypatch, work):
-    from sattrib.slurm_hooks import epilog_slurmctld
+    from sattrib.worker import diagnose
     _no_slurmctld(monkeypatch)
     cfg = tmp_path / "sattrib.toml"
     cfg.write_text(f'databse = "/nowhere.db"\ndatabase = "{tmp_path / "d.db"}"\n'
                    f'bundle_dir = "{tmp_path / "b"}"\nspool_dir = "{tmp_path / "spool"}"\n'
                    'spool_auth = "owner"\ncollect_wait_s = 0.5\n')
-    epilog_slurmctld._worker(_ctld_env(work, SATTRIB_CONFIG=str(cfg)))
+    diagnose(_ctld_env(work, SATTRIB_CONFIG=str(cfg)))
     rows = _rows(tmp_path / "d.db")
     assert [r[0] for r in rows] == ["8801"]
     notes = json.loads(rows[0][3])["completeness"]["notes"]
