@@ -13,6 +13,10 @@ one node) are drained, past that the decision is "would-drain"; only drains whos
 passes the trust checks count against those limits. A worker that cannot get the drain lock
 records the decision as "held" and drains nothing. Every decision is recorded. Every scontrol
 call ends by `action_timeout_s`; a failure is a recorded decision, never an exception.
+
+Webhooks: at most `notify_max_per_hour`; past it, and for a job of the same user and name as
+one notified within the hour (a job array), the notification is "held", and the queue's last
+worker sends one summary of what is held when the queue is empty.
 """
 from __future__ import annotations
 
@@ -138,7 +142,7 @@ def drain_reason(d: dict, node: str) -> str:
 
 
 class _Lock:
-    """One drain decision at a time across workers: the rate limits count
+    """One drain (or notification) decision at a time across workers: the rate limits count
     each other's. `with _Lock(...) as held`: held is False when another worker kept the lock
     past `timeout`; the caller then records the decision as held and does nothing, since
     deciding without the lock could pass a limit."""
@@ -363,6 +367,121 @@ def notify(body: dict, st) -> dict:
     return {"decision": "failed", "detail": f"not sent after {attempt + 1} attempts: {err}"}
 
 
+# At most notify_max_per_hour webhooks an hour; what is held goes out in one summary later.
+SUMMARY_MAX = 500               # held notifications per summary (the rest: the next one)
+
+
+def _notify_lock(st) -> tuple[Path, float]:
+    """The lock every notification decision takes, and how long to wait for it: one whole
+    notify() (each try, the pauses between them) and a margin."""
+    wait = st.notify_timeout_s * (st.notify_retries + 1) + 4 * st.notify_retries + 5
+    return Path(st.bundle_dir) / ".locks" / "notify", wait
+
+
+def _webhooks_since(conn, since: float) -> int:
+    return conn.execute("SELECT count(*) FROM actions WHERE kind = 'notify' AND decision IN "
+                        "('taken', 'failed') AND created_at >= ?", [_iso(since)]).fetchone()[0]
+
+
+def _notified_alike(conn, did: str, job: dict, since: float) -> Optional[str]:
+    """A job of the same user and job name (another task of the same job array, or the same
+    script again) whose diagnosis was notified, or held, since `since`; its id."""
+    if not job.get("user") or not job.get("name"):
+        return None
+    r = conn.execute(
+        "SELECT x.job_id FROM actions a JOIN diagnoses x ON x.id = a.diagnosis_id WHERE "
+        "a.kind = 'notify' AND a.created_at >= ? AND a.diagnosis_id != ? AND x.cluster = ? "
+        "AND x.user = ? AND x.job_name = ? LIMIT 1",
+        [_iso(since), did, did.split("/")[0], job["user"], job["name"]]).fetchone()
+    return r[0] if r else None
+
+
+def _notify_or_hold(db, did: str, d: dict, acts: list, esc: Optional[dict], body: dict, st,
+                    now: float) -> dict:
+    """Send the webhook now, or hold it for the next summary: when notify_max_per_hour
+    webhooks went out in the last hour, or a job of the same user and name (a job array) was
+    notified within the hour. Decided and recorded under the notification lock."""
+    def row(decision: str, detail: str) -> dict:
+        return {"kind": "notify", "decision": decision, "node": None, "detail": detail,
+                "command": None, "created_at": _iso(now)}
+
+    path, wait = _notify_lock(st)
+    with _Lock(path, wait) as locked:
+        if not locked:
+            return row("held", "lock busy: another worker kept the notification lock; "
+                               "in the next summary")
+        conn = db.db.conn
+        sent = _webhooks_since(conn, now - 3600)
+        alike = _notified_alike(conn, did, d.get("job") or {}, now - 3600)
+        if sent >= st.notify_max_per_hour:
+            r = row("held", f"rate limit: {sent} webhooks in the last hour (notify_max_per_hour"
+                            f" = {st.notify_max_per_hour}); in the next summary")
+        elif alike:
+            r = row("held", f"job {alike} of the same user and job name (a job array) was "
+                            "notified within the hour; in the next summary")
+        else:
+            r = dict(row("", ""), **notify(body, st))
+        db.record_actions(did, acts + [r], esc)
+        return r
+
+
+def summary_payload(rows: list, st) -> dict:
+    """The webhook body for held notifications: per user, the jobs and their causes (category
+    and culprit node); no job names and no evidence text."""
+    groups: dict = {}
+    for _did, _seq, cluster, job_id, user, category, node, outcome, _at in rows:
+        g = groups.setdefault((cluster, user), {"cluster": cluster, "user": user, "jobs": [],
+                                                "causes": {}})
+        g["jobs"].append(job_id)
+        cause = f"{category} on {node}" if category and node else (category or outcome)
+        g["causes"][cause] = g["causes"].get(cause, 0) + 1
+    parts = []
+    for g in groups.values():
+        ids = ", ".join(g["jobs"][:10]) + (
+            f" and {len(g['jobs']) - 10} more" if len(g["jobs"]) > 10 else "")
+        causes = ", ".join(f"{c} x{n}" for c, n in sorted(g["causes"].items(),
+                                                          key=lambda kv: (-kv[1], kv[0])))
+        parts.append(f"user {g['user'] or '?'} on {g['cluster']}: {len(g['jobs'])} failed "
+                     f"job(s) ({ids}): {causes}")
+    link = st.dashboard_url or None
+    since = rows[0][-1]
+    text = (f"sattrib: {len(rows)} notifications held since {since} (rate limit or job "
+            f"arrays): " + "; ".join(parts) + (f" <{link}>" if link else ""))
+    return {"kind": "summary", "held": len(rows), "since": since,
+            "groups": list(groups.values()), "dashboard_url": link, "text": text}
+
+
+def send_held(db, st, now: Optional[float] = None) -> Optional[dict]:
+    """One webhook summarising the held notifications (the SUMMARY_MAX oldest), when the
+    hour's limit allows; they then become "summarised". The queue's last worker calls it when
+    the queue is empty. The summary's own decision, or None when none was sent."""
+    if not st.notify_url:
+        return None
+    now = time.time() if now is None else now
+    conn = db.db.conn
+    path, wait = _notify_lock(st)
+    with _Lock(path, wait) as locked:
+        rows = conn.execute(
+            "SELECT a.diagnosis_id, a.seq, x.cluster, x.job_id, x.user, x.category, "
+            "x.culprit_node, x.outcome, a.created_at FROM actions a JOIN diagnoses x ON x.id "
+            "= a.diagnosis_id WHERE a.kind = 'notify' AND a.decision = 'held' "
+            "ORDER BY a.created_at, a.diagnosis_id LIMIT ?", [SUMMARY_MAX]).fetchall()
+        sent = _webhooks_since(conn, now - 3600)
+        if not locked or not rows or sent >= st.notify_max_per_hour:
+            if rows:
+                log.info("%d notifications stay held (%s)", len(rows), "lock busy" if not
+                         locked else f"{sent} webhooks in the last hour")
+            return None
+        r = dict(notify(summary_payload(rows, st), st), kind="notify", node=None,
+                 command=None, created_at=_iso(now))
+        r["detail"] = f"summary of {len(rows)} held notifications: {r['detail']}"
+        done = [(did, seq, "summarised", f"in the summary sent at {_iso(now)}")
+                for did, seq, *_ in rows] if r["decision"] == "taken" else []
+        db.amend_actions(done, (rows[-1][0], r))
+    log.info("%s", r["detail"])
+    return r
+
+
 def mail(body: dict, user: str, st) -> dict:
     """`mail_prog -s SUBJECT USER` with the text on stdin, as Slurm's MailProg is run."""
     subject = f"sattrib: job {body['job_id']} {body['outcome']}" + (
@@ -408,8 +527,7 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
     body = payload(did, d, acts, esc, st)
     if st.notify_url and (_trusted_infra(root) and d.get("outcome") == "attributed" or esc or
                           any(a["decision"] in ("taken", "would-drain", "held") for a in acts)):
-        acts.append(dict(notify(body, st), kind="notify", node=None, command=None,
-                         created_at=_iso(now)))
+        acts.append(_notify_or_hold(db, did, d, acts, esc, body, st, now))
     user = (d.get("job") or {}).get("user")
     if st.mail_prog and user and re.fullmatch(r"[A-Za-z0-9._-]+", user):
         acts.append(dict(mail(body, user, st), kind="mail", node=None, command=None,

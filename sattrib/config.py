@@ -107,6 +107,7 @@ class Settings:
     notify_url: str = ""                       # webhook; empty: none
     notify_timeout_s: float = Field(5.0, gt=0)
     notify_retries: int = Field(2, ge=0, le=5)
+    notify_max_per_hour: int = Field(10, ge=1)     # webhooks; past it: held, summarised later
     dashboard_url: str = ""                    # links in notifications
     mail_prog: str = ""                        # e.g. /usr/bin/mail; empty: no mail to users
 

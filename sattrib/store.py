@@ -418,6 +418,31 @@ class Store:
                 raise
         self._retry(write)
 
+    def amend_actions(self, updates: list[tuple], append: Optional[tuple] = None) -> None:
+        """In one transaction: set the decision and detail of recorded actions, each given as
+        (diagnosis_id, seq, decision, detail), and add `append` = (diagnosis_id, action) after
+        that diagnosis's own (the summary of held notifications)."""
+        def write():
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany("UPDATE actions SET decision = ?, detail = ? WHERE "
+                                 "diagnosis_id = ? AND seq = ?",
+                                 [(dec, det, did, seq) for did, seq, dec, det in updates])
+                if append:
+                    did, a = append
+                    seq = conn.execute("SELECT coalesce(max(seq), -1) + 1 FROM actions WHERE "
+                                       "diagnosis_id = ?", [did]).fetchone()[0]
+                    conn.execute("INSERT INTO actions (diagnosis_id, seq, kind, decision, node, "
+                                 "detail, command, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 [did, seq, a["kind"], a["decision"], a.get("node"),
+                                  a.get("detail"), a.get("command"), a["created_at"]])
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._retry(write)
+
     # -- reading ------------------------------------------------------------------------------
     def find(self, job_id: str, cluster: Optional[str] = None,
              restart: Optional[int] = None) -> list[dict]:

@@ -27,8 +27,9 @@ NICE = 10                   # a job's child: diagnoses can wait, scheduling and 
 def work(q: Queue, st, slot: int) -> int:
     """Take entries until the queue is empty, each job diagnosed in a child process of its
     own (its memory goes with it; a job that kills its child costs one attempt, not the
-    worker). Then let the slot go, looking once more: a job queued while all slots looked busy
-    is not left behind. Returns how many entries were taken."""
+    worker). Then send the summary of held notifications (the last worker to finish does) and
+    let the slot go, looking once more: a job queued while all slots looked busy is not left
+    behind. Returns how many entries were taken."""
     _set_name("sattrib-worker")
     q.tidy()
     taken = 0
@@ -44,10 +45,23 @@ def work(q: Queue, st, slot: int) -> int:
                 log.warning("job %s.%s: attempt %d failed: %s; %s", c.entry.get("job_id"),
                             c.entry.get("restart"), len(c.entry["attempts"]) + 1, why,
                             "set aside in failed/" if state == "failed" else "queued again")
+        if q.busy_slots() <= 1:                 # the last worker running
+            _send_held(st)
         os.close(slot)
         # (a round that took nothing ends it: what is left is another worker's to take)
         slot = q.slot(st.worker_concurrency) if taken > before and q.has_work() else None
     return taken
+
+
+def _send_held(st) -> None:
+    if not st.notify_url:
+        return
+    try:
+        from .actions import send_held
+        from .store import open_store
+        send_held(open_store(st.database), st)
+    except Exception:
+        log.exception("sending the summary of held notifications failed")
 
 
 def _run_child(c: Claim, st, slot: int) -> Optional[str]:

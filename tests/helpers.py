@@ -1,5 +1,40 @@
-"""Paths shared by the tests (a plain module: `conftest` names clash across test folders)."""
+"""Paths and a webhook server shared by the tests (a plain module: `conftest` names clash
+across test folders)."""
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "cases"
+
+
+class Hook:
+    """A real local HTTP server that keeps every JSON body POSTed to it."""
+
+    def __init__(self):
+        self.bodies: list = []
+        hook = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                hook.bodies.append(json.loads(self.rfile.read(n)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, job_id, timeout: float = 30) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for b in self.bodies:
+                if b.get("job_id") == str(job_id):
+                    return b
+            time.sleep(0.2)
+        raise AssertionError(f"no webhook for job {job_id}: got {self.bodies}")

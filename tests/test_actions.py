@@ -19,6 +19,7 @@ from sattrib.config import Settings
 from sattrib.errors import UserError
 from sattrib.store import open_store
 
+from helpers import Hook
 
 CASES = Path(__file__).parent / "cases"
 
@@ -242,3 +243,80 @@ def test_only_drains_that_pass_the_trust_checks_spend_the_partition_share(tmp_pa
     db.upsert(diagnose("app_exception_fake_kernel_lines", "101"), "c1")
     (a,) = run(st, "xid79_srun_combined_log", "103")["actions"]
     assert (a["decision"], a["node"]) == ("taken", "gn02"), a
+
+
+# -- notifications: a limit per hour, one job array grouped, the rest summarised ----------------
+
+@pytest.fixture
+def webhook():
+    h = Hook()
+    yield h
+    h.server.shutdown()
+
+
+def named(case, job_id, name):
+    d = diagnose(case, job_id)
+    return d.model_copy(update={"job": d.job.model_copy(update={"name": name})})
+
+
+def notified(st, case, jobs, name=None, now=None) -> list:
+    db = open_store(st.database)
+    out = []
+    for i, j in enumerate(jobs):
+        d = named(case, str(j), name or f"run-{j}")
+        got = act(db, db.upsert(d, "c1"), d, st, now=(now or time.time()) + i)
+        out += [a["decision"] for a in got["actions"] if a["kind"] == "notify"]
+    return out
+
+
+def notify_rows(st) -> dict:
+    """{job: [(decision, detail) of each notify row]}."""
+    import sqlite3
+    con = sqlite3.connect(st.database)
+    out: dict = {}
+    try:
+        for did, dec, det in con.execute("SELECT diagnosis_id, decision, detail FROM actions "
+                                         "WHERE kind = 'notify' ORDER BY diagnosis_id, seq"):
+            out.setdefault(did.split("/")[1], []).append((dec, det))
+        return out
+    finally:
+        con.close()
+
+
+def test_webhooks_past_the_hourly_limit_are_held_then_summarised(tmp_path, slurm, webhook):
+    from sattrib.actions import send_held
+    st = settings(tmp_path, drain="off", notify_url=webhook.url, notify_max_per_hour=2)
+    db, now = open_store(st.database), time.time()
+    assert notified(st, "xid79_srun_combined_log", range(8100, 8105), now=now) == [
+        "taken", "taken", "held", "held", "held"]
+    assert [b["job_id"] for b in webhook.bodies] == ["8100", "8101"]
+    assert "rate limit: 2 webhooks in the last hour" in notify_rows(st)["8102"][0][1]
+    assert send_held(db, st, now=now + 60) is None        # this hour's two are spent
+    assert len(webhook.bodies) == 2
+    assert send_held(db, st, now=now + 3700)["decision"] == "taken"     # the next hour
+    (summary,) = webhook.bodies[2:]
+    assert summary["kind"] == "summary" and summary["held"] == 3
+    assert summary["groups"] == [{"cluster": "c1", "user": "alice",
+                                  "jobs": ["8102", "8103", "8104"],
+                                  "causes": {"gpu_hardware on gn02": 3}}]
+    assert "3 notifications held" in summary["text"] and "run-" not in summary["text"]
+    rows = notify_rows(st)
+    assert [rows[j][0][0] for j in ("8102", "8103", "8104")] == ["summarised"] * 3
+    assert rows["8104"][1][0] == "taken"                 # the summary, beside the newest
+    assert rows["8104"][1][1].startswith("summary of 3 held notifications: sent: HTTP 200")
+    assert send_held(db, st, now=now + 3800) is None and len(webhook.bodies) == 3
+
+
+def test_a_job_arrays_failures_make_one_webhook_and_one_summary(tmp_path, slurm, webhook):
+    """13 tasks of one job array fail with a GPU fault: one webhook at once, then one summary
+    of the other twelve when the queue is empty (not 13 webhooks)."""
+    from sattrib.actions import send_held
+    st = settings(tmp_path, drain="off", notify_url=webhook.url)
+    got = notified(st, "xid79_srun_combined_log", range(8200, 8213), name="sweep")
+    assert got == ["taken"] + ["held"] * 12
+    assert "job 8200 of the same user and job name" in notify_rows(st)["8201"][0][1]
+    assert send_held(open_store(st.database), st)["decision"] == "taken"
+    assert [b.get("kind") for b in webhook.bodies] == [None, "summary"]
+    summary = webhook.bodies[1]
+    assert summary["groups"][0]["jobs"] == [str(j) for j in range(8201, 8213)]
+    assert "12 failed job(s) (8201, 8202" in summary["text"] and "and 2 more" in summary["text"]

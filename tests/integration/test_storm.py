@@ -5,9 +5,9 @@ The installed hooks (test_hooks.py's install, stand-in journals and nvidia-smi) 
 this module's own whose EpilogSlurmctld is the installed wrapper run under a timer of the
 test's. Each burst is a job array of 40 one-node tasks that fail at once (a CUDA error in
 their output; node02's kernel journal holds an Xid 79, so the tasks that ran there are node02's
-GPU fault). Checked: every task diagnosed, none lost, never more than
+GPU fault and call for a webhook). Checked: every task diagnosed, none lost, never more than
 worker_concurrency (2) workers or jobs in progress (sampled from /proc), every
-EpilogSlurmctld well under a second; then the same burst
+EpilogSlurmctld well under a second, one job array's webhooks grouped; then the same burst
 with every worker killed half way, resumed once by `sattrib queue --run` and once by the next
 EpilogSlurmctld, losing nothing.
 
@@ -34,6 +34,7 @@ import pytest
 from slurm_cluster import HARNESS_MARKER_VAR
 from test_hooks import (NODES, Install, install, nodes, record, sattrib, timeout,  # noqa: F401
                         work, _bounded)
+from test_slurm_actions import hook  # noqa: F401
 
 TASKS = 40
 CONCURRENCY = 2
@@ -93,7 +94,7 @@ class Sampler:
 
 
 @pytest.fixture(scope="module")
-def storm(slurm_cluster_factory_module, install, nodes, tmp_path_factory):
+def storm(slurm_cluster_factory_module, install, nodes, hook, tmp_path_factory):
     """The cluster, its EpilogSlurmctld under the test's timer, and the /proc sampler."""
     d = tmp_path_factory.mktemp("storm")
     times = d / "epilog-slurmctld-times.txt"
@@ -112,8 +113,9 @@ def storm(slurm_cluster_factory_module, install, nodes, tmp_path_factory):
     for n in NODES:
         os.setpriority(os.PRIO_PROCESS, c.slurmd_pid(n), 10)
     install.base_settings = {"munge_socket": str(c.munge_socket),
-                             "probe_path": str(nodes.probe_dir),
-                             "worker_concurrency": CONCURRENCY, "drain": "off"}
+                             "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
+                             "notify_max_per_hour": 50, "worker_concurrency": CONCURRENCY,
+                             "drain": "off"}
     install.configure()
     sampler = Sampler(str(c.dir))
     yield c, times, sampler
@@ -201,8 +203,9 @@ def assert_queue_empty(cluster, install) -> None:
 @pytest.mark.slurm
 @timeout(420)
 def test_a_burst_of_failing_jobs_is_diagnosed_by_at_most_two_workers(storm, install, nodes,
-                                                                      work):
+                                                                      work, hook):
     cluster, times, sampler = storm
+    before = len(hook.bodies)
     array, jobs = burst(cluster, nodes, work, "storm1")
     t_end = max(float((work / f"end.storm1.{j}").read_text()) for j in jobs)
     t_last = wait_all(install, jobs, 300)
@@ -226,6 +229,17 @@ def test_a_burst_of_failing_jobs_is_diagnosed_by_at_most_two_workers(storm, inst
     assert 1 <= sampler.peak["sattrib-worker"] <= CONCURRENCY, sampler.peak
     assert 1 <= sampler.peak["sattrib-job"] <= CONCURRENCY, sampler.peak
     assert_queue_empty(cluster, install)
+    # node02's GPU fault in several tasks of one array: one webhook, the rest in summaries
+    bodies = hook.bodies[before:]
+    single = [b for b in bodies if b.get("kind") != "summary"]
+    summarised = [j for b in bodies if b.get("kind") == "summary"
+                  for g in b["groups"] for j in g["jobs"]]
+    on_node02 = [j for j in jobs if json.loads(sattrib(cluster, install, str(j), "--json")
+                                               .stdout)["root_cause"]["node"] == "node02"]
+    assert len(on_node02) >= 2, on_node02
+    assert len(single) == 1 and single[0]["culprit"]["node"] == "node02", single
+    assert sorted([single[0]["job_id"], *summarised]) == sorted(map(str, on_node02))
+    assert len(bodies) <= 3, [b.get("text") for b in bodies]
 
 
 @pytest.mark.slurm
