@@ -14,9 +14,9 @@ passes the trust checks count against those limits. A worker that cannot get the
 records the decision as "held" and drains nothing. Every decision is recorded. Every scontrol
 call ends by `action_timeout_s`; a failure is a recorded decision, never an exception.
 
-Webhooks: at most `notify_max_per_hour`; past it, and for a job of the same user and name as
-one notified within the hour (a job array), the notification is "held", and the queue's last
-worker sends one summary of what is held when the queue is empty.
+Webhooks: at most `notify_max_per_hour`; past it, and for a task of a job array whose failure
+was notified within the hour, the notification is "held", and the queue's last worker sends
+one summary of what is held when the queue is empty.
 """
 from __future__ import annotations
 
@@ -383,27 +383,37 @@ def _webhooks_since(conn, since: float) -> int:
                         "('taken', 'failed') AND created_at >= ?", [_iso(since)]).fetchone()[0]
 
 
-def _notified_alike(conn, did: str, job: dict, since: float) -> Optional[str]:
-    """A job of the same user and job name (another task of the same job array, or the same
-    script again) whose diagnosis was notified, or held, since `since`; its id."""
-    if not job.get("user") or not job.get("name"):
+def _array_of(bundle: Optional[Path], did: str) -> Optional[str]:
+    """"<cluster>/<array job id>" when the run is a job array's task (the bundle's run record
+    says so), else None."""
+    try:
+        rec = json.loads((bundle / "slurm" / "sattrib-run.json").read_text()) if bundle else {}
+    except (OSError, ValueError):
+        return None
+    array = rec.get("array_job_id") if isinstance(rec, dict) else None
+    return f"{did.split('/')[0]}/{array}" if array else None
+
+
+def _array_notified(conn, group: Optional[str], since: float) -> Optional[str]:
+    """The job id of a task of the same job array whose notification was decided since
+    `since` (sent, held or failed), or None."""
+    if not group:
         return None
     r = conn.execute(
         "SELECT x.job_id FROM actions a JOIN diagnoses x ON x.id = a.diagnosis_id WHERE "
-        "a.kind = 'notify' AND a.created_at >= ? AND a.diagnosis_id != ? AND x.cluster = ? "
-        "AND x.user = ? AND x.job_name = ? LIMIT 1",
-        [_iso(since), did, did.split("/")[0], job["user"], job["name"]]).fetchone()
+        "a.kind = 'notify' AND a.group_key = ? AND a.created_at >= ? LIMIT 1",
+        [group, _iso(since)]).fetchone()
     return r[0] if r else None
 
 
-def _notify_or_hold(db, did: str, d: dict, acts: list, esc: Optional[dict], body: dict, st,
-                    now: float) -> dict:
+def _notify_or_hold(db, did: str, acts: list, esc: Optional[dict], body: dict, st,
+                    now: float, group: Optional[str]) -> dict:
     """Send the webhook now, or hold it for the next summary: when notify_max_per_hour
-    webhooks went out in the last hour, or a job of the same user and name (a job array) was
+    webhooks went out in the last hour, or another task of the same job array (`group`) was
     notified within the hour. Decided and recorded under the notification lock."""
     def row(decision: str, detail: str) -> dict:
         return {"kind": "notify", "decision": decision, "node": None, "detail": detail,
-                "command": None, "created_at": _iso(now)}
+                "command": None, "created_at": _iso(now), "group_key": group}
 
     path, wait = _notify_lock(st)
     with _Lock(path, wait) as locked:
@@ -412,13 +422,13 @@ def _notify_or_hold(db, did: str, d: dict, acts: list, esc: Optional[dict], body
                                "in the next summary")
         conn = db.db.conn
         sent = _webhooks_since(conn, now - 3600)
-        alike = _notified_alike(conn, did, d.get("job") or {}, now - 3600)
+        sibling = _array_notified(conn, group, now - 3600)
         if sent >= st.notify_max_per_hour:
             r = row("held", f"rate limit: {sent} webhooks in the last hour (notify_max_per_hour"
                             f" = {st.notify_max_per_hour}); in the next summary")
-        elif alike:
-            r = row("held", f"job {alike} of the same user and job name (a job array) was "
-                            "notified within the hour; in the next summary")
+        elif sibling:
+            r = row("held", f"job {sibling} of the same job array was notified within the "
+                            "hour; in the next summary")
         else:
             r = dict(row("", ""), **notify(body, st))
         db.record_actions(did, acts + [r], esc)
@@ -426,12 +436,13 @@ def _notify_or_hold(db, did: str, d: dict, acts: list, esc: Optional[dict], body
 
 
 def summary_payload(rows: list, st) -> dict:
-    """The webhook body for held notifications: per user, the jobs and their causes (category
-    and culprit node); no job names and no evidence text."""
+    """The webhook body for held notifications: per job array (else per user), the jobs and
+    their causes (category and culprit node); no job names and no evidence text."""
     groups: dict = {}
-    for _did, _seq, cluster, job_id, user, category, node, outcome, _at in rows:
-        g = groups.setdefault((cluster, user), {"cluster": cluster, "user": user, "jobs": [],
-                                                "causes": {}})
+    for _did, _seq, group, cluster, job_id, user, category, node, outcome, _at in rows:
+        g = groups.setdefault(group or (cluster, user), {
+            "cluster": cluster, "user": user, "array_job_id": group.split("/")[-1] if group
+            else None, "jobs": [], "causes": {}})
         g["jobs"].append(job_id)
         cause = f"{category} on {node}" if category and node else (category or outcome)
         g["causes"][cause] = g["causes"].get(cause, 0) + 1
@@ -441,8 +452,10 @@ def summary_payload(rows: list, st) -> dict:
             f" and {len(g['jobs']) - 10} more" if len(g["jobs"]) > 10 else "")
         causes = ", ".join(f"{c} x{n}" for c, n in sorted(g["causes"].items(),
                                                           key=lambda kv: (-kv[1], kv[0])))
-        parts.append(f"user {g['user'] or '?'} on {g['cluster']}: {len(g['jobs'])} failed "
-                     f"job(s) ({ids}): {causes}")
+        who = (f"job array {g['array_job_id']} of user {g['user'] or '?'}"
+               if g["array_job_id"] else f"user {g['user'] or '?'}")
+        parts.append(f"{who} on {g['cluster']}: {len(g['jobs'])} failed job(s) ({ids}): "
+                     f"{causes}")
     link = st.dashboard_url or None
     since = rows[0][-1]
     text = (f"sattrib: {len(rows)} notifications held since {since} (rate limit or job "
@@ -462,9 +475,9 @@ def send_held(db, st, now: Optional[float] = None) -> Optional[dict]:
     path, wait = _notify_lock(st)
     with _Lock(path, wait) as locked:
         rows = conn.execute(
-            "SELECT a.diagnosis_id, a.seq, x.cluster, x.job_id, x.user, x.category, "
-            "x.culprit_node, x.outcome, a.created_at FROM actions a JOIN diagnoses x ON x.id "
-            "= a.diagnosis_id WHERE a.kind = 'notify' AND a.decision = 'held' "
+            "SELECT a.diagnosis_id, a.seq, a.group_key, x.cluster, x.job_id, x.user, "
+            "x.category, x.culprit_node, x.outcome, a.created_at FROM actions a JOIN diagnoses "
+            "x ON x.id = a.diagnosis_id WHERE a.kind = 'notify' AND a.decision = 'held' "
             "ORDER BY a.created_at, a.diagnosis_id LIMIT ?", [SUMMARY_MAX]).fetchall()
         sent = _webhooks_since(conn, now - 3600)
         if not locked or not rows or sent >= st.notify_max_per_hour:
@@ -527,7 +540,8 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
     body = payload(did, d, acts, esc, st)
     if st.notify_url and (_trusted_infra(root) and d.get("outcome") == "attributed" or esc or
                           any(a["decision"] in ("taken", "would-drain", "held") for a in acts)):
-        acts.append(_notify_or_hold(db, did, d, acts, esc, body, st, now))
+        acts.append(_notify_or_hold(db, did, acts, esc, body, st, now,
+                                    _array_of(bundle, did)))
     user = (d.get("job") or {}).get("user")
     if st.mail_prog and user and re.fullmatch(r"[A-Za-z0-9._-]+", user):
         acts.append(dict(mail(body, user, st), kind="mail", node=None, command=None,
@@ -535,7 +549,8 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
     db.record_actions(did, acts, esc)
     for a in acts:
         log.info("%s %s %s: %s", did, a["kind"], a["decision"], a["detail"])
-    result = {"actions": acts, "escalation": esc}
+    result = {"actions": [{k: v for k, v in a.items() if k != "group_key"} for a in acts],
+              "escalation": esc}
     if bundle is not None:
         _write_bundle(bundle, result)
     return result

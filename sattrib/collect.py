@@ -337,6 +337,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
               "name": info.get("JobName"), "user": info.get("User") or None,
               "partition": info.get("Partition"), "cluster": env_job.cluster if env_job else None,
               "restart_cnt": restart, "sattrib_run": True,
+              "array_job_id": (env_job.array_job if env_job else None) or info.get("ArrayJobId"),
               **{k: v for k, v in run.items() if v is not None}}
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,

@@ -244,6 +244,14 @@ def m008_filter_scan_index(db: sqlite_utils.Database):
                                   "outcome", "culprit_node"], index_name="idx_diagnoses_filter")
 
 
+@migrations()
+def m009_notify_groups(db: sqlite_utils.Database):
+    """The job array a notification belongs to (actions.group_key, "<cluster>/<array job id>"):
+    one array's failures make one webhook, the rest go out in a summary."""
+    db["actions"].add_column("group_key", str)
+    db["actions"].create_index(["group_key", "created_at"])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -393,7 +401,8 @@ class Store:
         now = _now()
         rows = [{"diagnosis_id": did, "seq": i, "kind": a["kind"], "decision": a["decision"],
                  "node": a.get("node"), "detail": a.get("detail"), "command": a.get("command"),
-                 "created_at": a.get("created_at") or now} for i, a in enumerate(actions)]
+                 "created_at": a.get("created_at") or now, "group_key": a.get("group_key")}
+                for i, a in enumerate(actions)]
 
         def write():
             conn = self.db.conn

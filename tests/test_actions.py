@@ -254,17 +254,18 @@ def webhook():
     h.server.shutdown()
 
 
-def named(case, job_id, name):
-    d = diagnose(case, job_id)
-    return d.model_copy(update={"job": d.job.model_copy(update={"name": name})})
-
-
-def notified(st, case, jobs, name=None, now=None) -> list:
+def notified(st, tmp_path, jobs, array=None, now=None) -> list:
+    """Act on a GPU fault diagnosis for each job (all named alike, as `sbatch --wrap` names
+    them); `array`: the jobs are that job array's tasks (the bundle's run record says so)."""
     db = open_store(st.database)
     out = []
     for i, j in enumerate(jobs):
-        d = named(case, str(j), name or f"run-{j}")
-        got = act(db, db.upsert(d, "c1"), d, st, now=(now or time.time()) + i)
+        d = diagnose("xid79_srun_combined_log", str(j))
+        d = d.model_copy(update={"job": d.job.model_copy(update={"name": "wrap"})})
+        bundle = tmp_path / "bundles" / str(j)
+        (bundle / "slurm").mkdir(parents=True)
+        (bundle / "slurm" / "sattrib-run.json").write_text(json.dumps({"array_job_id": array}))
+        got = act(db, db.upsert(d, "c1"), d, st, bundle, now=(now or time.time()) + i)
         out += [a["decision"] for a in got["actions"] if a["kind"] == "notify"]
     return out
 
@@ -287,8 +288,8 @@ def test_webhooks_past_the_hourly_limit_are_held_then_summarised(tmp_path, slurm
     from sattrib.actions import send_held
     st = settings(tmp_path, drain="off", notify_url=webhook.url, notify_max_per_hour=2)
     db, now = open_store(st.database), time.time()
-    assert notified(st, "xid79_srun_combined_log", range(8100, 8105), now=now) == [
-        "taken", "taken", "held", "held", "held"]
+    assert notified(st, tmp_path, range(8100, 8105), now=now) == [
+        "taken", "taken", "held", "held", "held"]             # same name, but no job array
     assert [b["job_id"] for b in webhook.bodies] == ["8100", "8101"]
     assert "rate limit: 2 webhooks in the last hour" in notify_rows(st)["8102"][0][1]
     assert send_held(db, st, now=now + 60) is None        # this hour's two are spent
@@ -296,10 +297,10 @@ def test_webhooks_past_the_hourly_limit_are_held_then_summarised(tmp_path, slurm
     assert send_held(db, st, now=now + 3700)["decision"] == "taken"     # the next hour
     (summary,) = webhook.bodies[2:]
     assert summary["kind"] == "summary" and summary["held"] == 3
-    assert summary["groups"] == [{"cluster": "c1", "user": "alice",
+    assert summary["groups"] == [{"cluster": "c1", "user": "alice", "array_job_id": None,
                                   "jobs": ["8102", "8103", "8104"],
                                   "causes": {"gpu_hardware on gn02": 3}}]
-    assert "3 notifications held" in summary["text"] and "run-" not in summary["text"]
+    assert "3 notifications held" in summary["text"] and "wrap" not in summary["text"]
     rows = notify_rows(st)
     assert [rows[j][0][0] for j in ("8102", "8103", "8104")] == ["summarised"] * 3
     assert rows["8104"][1][0] == "taken"                 # the summary, beside the newest
@@ -312,11 +313,14 @@ def test_a_job_arrays_failures_make_one_webhook_and_one_summary(tmp_path, slurm,
     of the other twelve when the queue is empty (not 13 webhooks)."""
     from sattrib.actions import send_held
     st = settings(tmp_path, drain="off", notify_url=webhook.url)
-    got = notified(st, "xid79_srun_combined_log", range(8200, 8213), name="sweep")
+    got = notified(st, tmp_path, range(8200, 8213), array="8200")
     assert got == ["taken"] + ["held"] * 12
-    assert "job 8200 of the same user and job name" in notify_rows(st)["8201"][0][1]
+    assert "job 8200 of the same job array" in notify_rows(st)["8201"][0][1]
     assert send_held(open_store(st.database), st)["decision"] == "taken"
     assert [b.get("kind") for b in webhook.bodies] == [None, "summary"]
     summary = webhook.bodies[1]
     assert summary["groups"][0]["jobs"] == [str(j) for j in range(8201, 8213)]
-    assert "12 failed job(s) (8201, 8202" in summary["text"] and "and 2 more" in summary["text"]
+    assert summary["groups"][0]["array_job_id"] == "8200"
+    assert "job array 8200 of user alice on c1: 12 failed job(s) (8201, 8202" in summary["text"]
+    assert "and 2 more" in summary["text"]
+    assert notified(st, tmp_path, [8300]) == ["taken"]       # another job: a webhook of its own
