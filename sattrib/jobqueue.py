@@ -144,9 +144,13 @@ class Queue:
         files = self._slot_files()
         return not files or not all(self._held(e.path) for e in files)
 
-    def trim_slots(self, concurrency: int) -> None:
-        """Remove the free slot files past `concurrency` (after it was lowered), so that
-        hooks do not start workers for slots that no longer exist."""
+    def set_slots(self, concurrency: int) -> None:
+        """One slot file for each of `concurrency` workers, so that a hook sees a free one; the
+        free ones past it (after it was lowered) removed, so that hooks do not start workers
+        for slots that no longer exist."""
+        for k in range(concurrency):
+            os.close(os.open(self.root / "slots" / str(k),
+                             os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         for e in self._slot_files():
             if int(e.name) >= concurrency and not self._held(e.path):
                 os.unlink(e.path)

@@ -31,6 +31,7 @@ def work(q: Queue, st, slot: int) -> int:
     let the slot go, looking once more: a job queued while all slots looked busy is not left
     behind. Returns how many entries were taken."""
     _set_name("sattrib-worker")
+    q.set_slots(st.worker_concurrency)
     q.tidy()
     taken = 0
     while slot is not None:
@@ -188,7 +189,6 @@ def run_detached(env: dict) -> None:
         log.warning("config: %s", p)
     st = loaded.settings
     q = Queue(queue_dir(st.database))
-    q.trim_slots(st.worker_concurrency)
     slot = q.slot(st.worker_concurrency)
     if slot is not None:
         work(q, st, slot)

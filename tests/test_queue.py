@@ -204,6 +204,29 @@ def test_a_burst_of_hooks_runs_at_most_worker_concurrency_workers(tmp_path):
     assert "Traceback" not in (tmp_path / "worker.log").read_text()
 
 
+def test_a_job_that_ends_while_one_worker_runs_starts_the_second(tmp_path):
+    cfg = tmp_path / "sattrib.toml"
+    cfg.write_text(f'database = "{tmp_path / "var" / "d.db"}"\nlog_dir = "{tmp_path}"\n')
+    (tmp_path / "var").mkdir()
+    out = tmp_path / "ran.txt"
+    first = subprocess.run([sys.executable, "-c", HOOK.replace("0.5", "3")],
+                           env=_hook_env(tmp_path, 1, cfg), cwd="/", timeout=30)
+    q = Queue(queue_dir(str(tmp_path / "var" / "d.db")))
+    deadline = time.monotonic() + 20
+    while not os.listdir(q.root / "claimed"):          # the first job is being diagnosed
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-c", HOOK.replace("0.5", "3")],
+                            env=_hook_env(tmp_path, 2, cfg), cwd="/", timeout=30)
+    assert first.returncode == second.returncode == 0
+    while len(out.read_text().splitlines() if out.exists() else []) < 2:
+        assert time.monotonic() < deadline + 20
+        time.sleep(0.1)
+    (a0, a1), (b0, b1) = sorted((float(r[1]), float(r[2])) for r in
+                                (ln.split() for ln in out.read_text().splitlines()))
+    assert b0 < a1, "the second job waited for the first: only one worker ran"
+
+
 def _hook(env) -> tuple[str, float, float]:
     """The hook run as the installed wrapper runs it: (its log, wall seconds, CPU seconds)."""
     t0 = time.monotonic()
