@@ -160,8 +160,9 @@ class Queue:
             return [e for e in it if e.name.isdigit()]
 
     def _held(self, path: str) -> bool:
-        """Whether a live process holds the lock on `path` (tested by taking it, briefly)."""
-        fd = self._lock(Path(path))
+        """Whether a live process holds the lock on `path`. Tested with a shared lock, which
+        two such tests never refuse each other (a worker taking a slot retries past one)."""
+        fd = self._lock(Path(path), fcntl.LOCK_SH)
         if fd is not None:
             os.close(fd)
         return fd is None and os.path.exists(path)
@@ -210,15 +211,15 @@ class Queue:
             return None
 
     @staticmethod
-    def _lock(path: Path) -> int | None:
-        """A descriptor holding the exclusive lock on the file at `path`; None when another
-        process holds it, or when it is gone (or is not a file this process may open)."""
+    def _lock(path: Path, how: int = fcntl.LOCK_EX) -> int | None:
+        """A descriptor holding the lock (exclusive by default) on the file at `path`; None
+        when another process holds it, or when it is gone (or is not a file we may open)."""
         try:
             fd = os.open(path, _OPEN)
         except OSError:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return None

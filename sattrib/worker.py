@@ -27,9 +27,9 @@ NICE = 10                   # a job's child: diagnoses can wait, scheduling and 
 def work(q: Queue, st, slot: int) -> int:
     """Take entries until the queue is empty, each job diagnosed in a child process of its
     own (its memory goes with it; a job that kills its child costs one attempt, not the
-    worker). Then send the summary of held notifications (the last worker to finish does) and
-    let the slot go, looking once more: a job queued while all slots looked busy is not left
-    behind. Returns how many entries were taken."""
+    worker). Then let the slot go, send the summary of held notifications if no other worker
+    runs (the last to finish does), and look once more: a job queued while all slots looked
+    busy is not left behind. Returns how many entries were taken."""
     _set_name("sattrib-worker")
     q.set_slots(st.worker_concurrency)
     q.tidy()
@@ -46,9 +46,9 @@ def work(q: Queue, st, slot: int) -> int:
                 log.warning("job %s.%s: attempt %d failed: %s; %s", c.entry.get("job_id"),
                             c.entry.get("restart"), len(c.entry["attempts"]) + 1, why,
                             "set aside in failed/" if state == "failed" else "queued again")
-        if q.busy_slots() <= 1:                 # the last worker running
-            _send_held(st)
         os.close(slot)
+        if q.busy_slots() == 0:                 # the last worker to finish
+            _send_held(st)
         # (a round that took nothing ends it: what is left is another worker's to take)
         slot = q.slot(st.worker_concurrency) if taken > before and q.has_work() else None
     return taken
@@ -141,6 +141,18 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
+def _yield_to_slurmctld() -> None:
+    """The detached worker's session at nice 10. Where the kernel groups processes by session
+    for the scheduler (autogroup, on by default on most distributions), a process's own nice
+    only orders it within its session, and a worker's new session would otherwise weigh as
+    much as slurmctld's, which runs every EpilogSlurmctld."""
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(NICE))
+    except OSError:
+        pass                            # no autogroup: the job children's own nice does it
+
+
 def _set_name(name: str) -> None:
     """What `ps -e` and /proc/PID/comm show: sattrib-worker, sattrib-job."""
     try:
@@ -188,6 +200,7 @@ def run_detached(env: dict) -> None:
     for p in loaded.problems:
         log.warning("config: %s", p)
     st = loaded.settings
+    _yield_to_slurmctld()
     q = Queue(queue_dir(st.database))
     slot = q.slot(st.worker_concurrency)
     if slot is not None:
