@@ -232,7 +232,7 @@ def test_a_burst_of_failing_jobs_is_diagnosed_by_at_most_two_workers(storm, inst
                                                           * 1000),
                "storm_peak_workers": sampler.peak["sattrib-worker"],
                "storm_peak_jobs_in_progress": sampler.peak["sattrib-job"],
-               "storm_peak_rss_mb": round(max(sampler.rss_kb / 1024, *rss), 1)}
+               "storm_peak_rss_mb": round(max([sampler.rss_kb / 1024, *rss]), 1)}
     print(f"\narray {array}: {json.dumps(figures, indent=1)}")
     for k, v in figures.items():
         record(k, v)
