@@ -7,11 +7,12 @@ test's. Each burst is a job array of 40 one-node tasks that fail at once (a CUDA
 their output; node02's kernel journal holds an Xid 79, so the tasks that ran there are node02's
 GPU fault and call for a webhook). Checked: every task diagnosed, none lost, never more than
 worker_concurrency (2) workers or jobs in progress (sampled from /proc), every
-EpilogSlurmctld well under a second, one job array's webhooks grouped; then the same burst
-with every worker killed half way, resumed once by `sattrib queue --run` and once by the next
+EpilogSlurmctld well under a second (wall clock, with the simulated nodes at the priority of
+other machines; and its CPU), one job array's webhooks grouped; then the same burst with every
+worker killed half way, resumed once by `sattrib queue --run` and once by the next
 EpilogSlurmctld, losing nothing.
 
-Run (as root, ~5 min)::
+Run (as root, ~2-4 min)::
 
     .venv/bin/python -m pytest -q tests/integration/test_storm.py -m slurm -s
 
