@@ -67,6 +67,7 @@ class Queue:
     def __init__(self, root: Path, create: bool = True):
         self.root = Path(root)
         if create:
+            self.root.parent.mkdir(parents=True, exist_ok=True)    # as the database's is
             for d in (self.root, *(self.root / s for s in (*STATES, "slots", "tmp"))):
                 try:
                     os.mkdir(d, 0o700)

@@ -78,6 +78,12 @@ def test_an_entry_is_written_whole_and_durably_or_not_at_all(q):
     assert names(q, "tmp") == []
 
 
+def test_the_queue_is_made_where_the_database_goes(tmp_path):
+    q = Queue(queue_dir(str(tmp_path / "new" / "sattrib" / "d.db")))
+    assert q.root == tmp_path / "new" / "sattrib" / "queue" and q.owned()
+    assert sorted(os.listdir(q.root)) == ["claimed", "failed", "pending", "slots", "tmp"]
+
+
 def test_a_queue_others_can_write_is_refused(q):
     os.chmod(q.root / "pending", 0o777)
     with pytest.raises(jobqueue.QueueError, match="writable by others"):
