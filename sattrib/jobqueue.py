@@ -44,7 +44,7 @@ _CANDIDATES = 16          # oldest names a claim considers at once
 
 
 class QueueError(Exception):
-    """The queue folder cannot be used safely (not ours, writable by others, a link)."""
+    """The queue folder cannot be used safely (missing, not a folder, writable by others)."""
 
 
 class Claim:
@@ -180,7 +180,7 @@ class Queue:
             if not names:
                 return None
             for name in names:
-                c = self._take(name, max_attempts)
+                c = self._take(name)
                 if c is not None:
                     return c
         return None
@@ -189,7 +189,7 @@ class Queue:
         with os.scandir(self.root / state) as it:
             return heapq.nsmallest(n, (e.name for e in it if e.name.endswith(".json")))
 
-    def _take(self, name: str, max_attempts: int) -> Claim | None:
+    def _take(self, name: str) -> Claim | None:
         src, dest = self.root / "pending" / name, self.root / "claimed" / name
         fd = self._lock(src)
         if fd is None:
