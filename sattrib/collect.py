@@ -17,6 +17,9 @@ line): they are private whatever the umask. Directories 0750 and files 0640, own
 worker and the group of `bundle_dir`; the folders above them 0751, so a user can reach a path
 they know but list nobody's jobs; the job's user gets read on their own bundle through a POSIX
 ACL (`setfacl`), so that `sattrib JOBID` can show it without the database.
+
+The job's files are read by a child process that has given up root for the job's user
+(slurm_job.copy_outputs): the kernel checks every path as it would check that user's.
 """
 from __future__ import annotations
 
@@ -359,6 +362,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
         log.info("metrics: %d queries in %.1fs", got.queries, got.seconds)
     # The job's own output (written by the user: read with care).
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
+    job_gid = _job_gid(info, env_job)
     logs = tmp / "logs"
     logs.mkdir()
     # The copies get names of sattrib's own: what the user called a file (`%x-%j.log`,
@@ -366,8 +370,10 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     # Where the nodes scanned their own output files, their extracts replace the copies.
     from .engine.hostlist import expand
     shipped = _shipped_outputs(snaps, st, notes)
-    sources = slurm_job.output_paths(info, st.extra_output_globs, notes,
-                                     expand(run.get("nodes") or ""))
+    find_until = time.monotonic() + max(deadline - time.monotonic(), 0) / 2
+    sources = slurm_job.output_paths_as_user((uid, job_gid), find_until, info,
+                                             st.extra_output_globs, notes,
+                                             expand(run.get("nodes") or ""))
     sources += sorted(set(shipped) - set(sources))
     pairs, record["outputs"] = [], []
     for i, src in enumerate(sources):
@@ -382,7 +388,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
                                       "node": node})
         else:
             pairs.append((src, copy))
-    slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline)
+    slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline, job_gid)
     record["outputs"] += [{"copy": f"logs/{d.name}", "source": src} for src, d in pairs
                           if d.is_file()]
     record["outputs"].sort(key=lambda o: o.get("copy") or o["extract"])
@@ -402,6 +408,16 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     else:
         os.replace(tmp, dest)
     return dest
+
+
+def _job_gid(info: dict, env_job) -> Optional[int]:
+    """The job's group, in which the worker reads the job's files as its user: the one
+    slurmctld gave EpilogSlurmctld (SLURM_JOB_GID, in the worker's environment), else
+    scontrol's `GroupId=name(gid)`."""
+    gid = os.environ.get("SLURM_JOB_GID", "") if env_job is not None else ""
+    m = re.search(r"\((\d+)\)$", info.get("GroupId") or "")
+    gid = gid if gid.isdigit() else m.group(1) if m else ""
+    return int(gid) if gid else None
 
 
 # What scontrol prints when it cannot talk to slurmctld at all (src/api, src/common/slurm_conf.c).

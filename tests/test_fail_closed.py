@@ -386,6 +386,7 @@ def test_node_epilog_leaves_output_on_a_hung_mount_to_the_controller(tmp_path, w
     assert notes == ["1 of 2 output files left to the controller (the Epilog's deadline came "
                      "first)"]
     job = slurm_env.from_env({"SLURM_JOB_ID": "8801", "SLURMD_NODENAME": "k1",
+                              "SLURM_JOB_UID": str(os.getuid()),
                               "SLURM_NODELIST": "k1", "SLURM_JOB_WORK_DIR": str(work),
                               "SLURM_JOB_STDOUT": str(hung.path / "sub" / "%N.out")})
     st = Settings(probe_timeout_s=1.0)
