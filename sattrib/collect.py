@@ -16,7 +16,8 @@ Bundles hold what users and the kernel wrote (job output, kernel journals, the j
 line): they are private whatever the umask. Directories 0750 and files 0640, owned by the
 worker and the group of `bundle_dir`; the folders above them 0751, so a user can reach a path
 they know but list nobody's jobs; the job's user gets read on their own bundle through a POSIX
-ACL (`setfacl`), so that `sattrib JOBID` can show it without the database.
+ACL (`setfacl`), so that `sattrib JOBID` can show it without the database, except on the
+nodes' kernel logs (a node's kernel log names other users' tasks and files).
 
 The job's files are read by a child process that has given up root for the job's user
 (slurm_job.copy_outputs): the kernel checks every path as it would check that user's.
@@ -119,21 +120,31 @@ def _write_private(path: Path, text: str, gid: int) -> None:
         f.write(text)
 
 
-def _grant_read(bundle: Path, uid: Optional[int], timeout: float) -> Optional[str]:
+def _grant_read(bundle: Path, uid: Optional[int], timeout: float,
+                private: frozenset = frozenset()) -> Optional[str]:
     """Let the job's user read their own bundle (and what is written into it later): a POSIX
-    ACL entry plus a default entry on its directories. None when done or not needed, else the
-    note that says why the bundle stays private."""
+    ACL entry plus a default entry on its directories, on every file but those in `private`
+    (the nodes' kernel logs: even in the job's window, a shared node's kernel log names other
+    users' tasks and files, in OOM kills and segfaults; the diagnosis says what it found
+    there). None when done or not needed, else the note that says why the bundle stays
+    private."""
     if uid is None or uid == 0 or uid == os.geteuid():
         return None
-    acl = f"u:{uid}:rX,d:u:{uid}:rX"
-    r = probe.run("setfacl", ["setfacl", "-P", "-R", "-m", acl, str(bundle)],
-                  time.monotonic() + timeout, max_bytes=1 << 16)
-    if r.ok:
-        return None
-    why = ("setfacl is not installed (Debian package acl)" if r.reason == "not installed" else
-           (r.err.decode("utf-8", "replace").strip().splitlines() or [r.reason])[-1])
-    return (f"the job's user (uid {uid}) cannot read this bundle: {why}; it stays readable "
-            "by SlurmUser and its group only")
+    dirs, files = [], []
+    for d, _, names in os.walk(bundle):
+        dirs.append(d)
+        files += [p for p in (os.path.join(d, n) for n in sorted(names)) if p not in private]
+    for acl, paths in ((f"u:{uid}:rX,d:u:{uid}:rX", dirs), (f"u:{uid}:r", files)):
+        for i in range(0, len(paths), 1000):
+            r = probe.run("setfacl", ["setfacl", "-P", "-m", acl, "--", *paths[i:i + 1000]],
+                          time.monotonic() + timeout, max_bytes=1 << 16)
+            if not r.ok:
+                why = ("setfacl is not installed (Debian package acl)"
+                       if r.reason == "not installed" else
+                       (r.err.decode("utf-8", "replace").strip().splitlines() or [r.reason])[-1])
+                return (f"the job's user (uid {uid}) cannot read this bundle: {why}; it stays "
+                        "readable by SlurmUser and its group only")
+    return None
 
 
 def _lock(path: Path, timeout: float):
@@ -340,6 +351,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
                       signal=env_job.signal, derived=env_job.derived)
+    from .collectors.node_snapshot import KERNEL_FILES
+    kernel_logs = set()
     for node, snap in sorted(snaps.items()):
         notes.extend(f"{node}: {n}" for n in (snap.data.get("notes") or [])[:20]
                      if isinstance(n, str))
@@ -349,6 +362,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
             if "/" in name or name.startswith("."):
                 continue
             (nd / name).write_text(content)
+            if name in KERNEL_FILES:
+                kernel_logs.add(str(nd / name))
         (nd / probes_file.NAME).write_text(probes_file.render(
             snap.data.get("probes") or [], snap.trusted_by, snap.data.get("taken_at"),
             run.get("end_time")))
@@ -394,7 +409,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     record["outputs"].sort(key=lambda o: o.get("copy") or o["extract"])
     (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
     _seal(tmp, gid)
-    note = _grant_read(tmp, uid, st.probe_timeout_s)
+    note = _grant_read(tmp, uid, st.probe_timeout_s, frozenset(kernel_logs))
     if note:
         notes.append(note)
     if notes:

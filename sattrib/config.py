@@ -63,7 +63,7 @@ class Settings:
     probe_timeout_s: float = Field(8.0, gt=0)
     journal_dir: str = ""                      # read journals from here (journalctl --directory)
     journal_margin_s: float = Field(600.0, ge=0)
-    journal_lookback_s: float = Field(86400.0, ge=0)   # when the job's start is unknown
+    journal_lookback_s: float = Field(3600.0, ge=0, le=3600)   # when the job's start is unknown
     ib_sysfs_root: str = "/sys/class/infiniband"
     probe_path: str = ""        # prepended to PATH for probes (nvidia-smi, dcgmi, journalctl)
     log_dir: str = "/var/log/sattrib"

@@ -3,7 +3,8 @@
 Slurm drains a node whose Epilog fails or hangs, so this never raises, always exits 0 and keeps
 to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A job that
 exited 0 returns at once (the installed wrapper does that check before Python even starts).
-It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once.
+It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once (the job's
+start, when Slurm does not pass it, comes from slurmd's spool on this node).
 Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
 also scans this node's output files and ships their kept lines (collectors/output_lines.py),
 reading them as the job's user, never as root.
@@ -37,13 +38,14 @@ def snapshot(env, deadline: float) -> str:
     node = job.node or os.uname().nodename.split(".")[0]
     cluster = job.cluster or st.cluster
     run = f"job {job.job_id}.{job.restart} on {node}"
+    start = job.start or slurm_env.spool_start(env, job.job_id)
     snap = node_snapshot.collect(
-        job.job_id, job.restart, node, job.uid, job.start, deadline,
+        job.job_id, job.restart, node, job.uid, start, deadline,
         probe_timeout=st.probe_timeout_s, journal_dir=st.journal_dir,
         journal_margin=st.journal_margin_s, journal_lookback=st.journal_lookback_s,
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
-    snap["notes"] = [f"config: {p}" for p in loaded.problems]
+    snap["notes"] = [f"config: {p}" for p in loaded.problems] + snap["notes"]
     try:
         snap["outputs"] = _ship_outputs(job, st, deadline - WRITE_RESERVE_S, snap["notes"],
                                         _gid(env))

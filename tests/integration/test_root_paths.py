@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from test_hooks import (TEST_USER, _bounded, cluster, db_rows, install,  # noqa: F401
+from test_hooks import (TEST_USER, _bounded, cluster, db_rows, epilog_env, install,  # noqa: F401
                         job_end, job_user, nodes, timeout, wait_diagnosis, work)
 
 
@@ -223,3 +223,78 @@ def test_files_the_user_cannot_reach_or_does_not_own_are_not_read(cluster, insta
         shutil.rmtree(udir, ignore_errors=True)
         shutil.rmtree(secret_dir, ignore_errors=True)
         shutil.rmtree(other_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# 3. the node snapshot holds only the job's window; the kernel log stays the admins'
+# ---------------------------------------------------------------------------
+
+def oom_line(task: str, uid: int) -> str:
+    return (f"Out of memory: Killed process 48213 ({task}) total-vm:81234567kB, "
+            f"anon-rss:7654321kB, file-rss:0kB, shmem-rss:0kB, UID:{uid} pgtables:15360kB "
+            "oom_score_adj:0")
+
+
+def as_user(pw, *argv) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
+                           "--init-groups", *map(str, argv)],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_snapshot_holds_the_jobs_window_only(cluster, install, nodes, work, job_user):
+    """Slurm 22.05 gives the node Epilog no start time: the job's start comes from slurmd's
+    spool on the node, so another user's OOM kill three hours before the job, in the same
+    kernel journal, reaches neither the snapshot nor the bundle; a kernel line during the job
+    does. The job's user reads their bundle but not the nodes' kernel logs in it."""
+    old_task = f"other-users-secret-{uuid.uuid4().hex[:8]}"
+    now = time.time()
+    nodes.write_journals({"node01": [(now - 3 * 3600, oom_line(old_task, 4243))]})
+    udir = user_dir("sattrib-rootpaths-window-", job_user)
+    try:
+        w = shlex.quote(str(work))
+        jid = submit_as_user(cluster, textwrap.dedent(f"""\
+            #!/bin/sh
+            srun sh -c 'echo "RuntimeError: the run failed" >&2; exit 1'
+            date +%s.%N > {w}/end.$SLURM_JOB_ID
+            exit 1
+            """), udir, f"--output={udir}/slurm-%j.out")
+        cluster.wait_job(jid, {"FAILED"}, timeout=60)
+        diag, _ = wait_diagnosis(cluster, install, jid)
+        bundle = Path(db_rows(install, jid)[0]["bundle"])
+        journal = (bundle / "node01" / "journal.jsonl").read_text()
+        notes = diag["completeness"]["notes"]
+        assert "hrtimer: interrupt took" in journal        # the job's window is there ...
+        assert old_task not in journal                     # ... and nothing before it
+        assert old_task.encode() not in everything_written(install)
+        assert not any("start time is not known" in n for n in notes), notes
+        r = as_user(job_user, "cat", bundle / "node01" / "journal.jsonl")
+        assert r.returncode != 0 and "Permission denied" in r.stderr, r.stdout[:200]
+        r = as_user(job_user, "cat", bundle / "diagnosis.json")
+        assert r.returncode == 0 and json.loads(r.stdout)["job_id"] == str(jid), r.stderr
+    finally:
+        shutil.rmtree(udir, ignore_errors=True)
+
+
+@pytest.mark.slurm
+@timeout(120)
+def test_snapshot_without_a_start_time_holds_the_last_hour(cluster, install, nodes):
+    """A job slurmd's spool does not know (the Epilog run by hand for a made-up job): the
+    last hour of kernel log at most, and the snapshot says so."""
+    now = time.time()
+    nodes.write_journals({"node01": [(now - 2 * 3600, oom_line("two-hours-ago", 4243)),
+                                     (now - 1800, oom_line("half-an-hour-ago", 4243))]})
+    jid = "990301"
+    r = subprocess.run([str(install.epilog)], env=epilog_env(cluster, nodes, "node01", jid, True),
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r
+    snap = install.spool_dir / cluster.cluster_name / f"{jid}.0" / "node01.snap.gz"
+    try:
+        data = json.loads(gzip.decompress(snap.read_bytes()))
+    finally:
+        shutil.rmtree(snap.parent, ignore_errors=True)
+    journal = data["files"]["journal.jsonl"]
+    assert "half-an-hour-ago" in journal and "two-hours-ago" not in journal
+    assert any("start time is not known here: kernel log of the last 60 min" in n
+               for n in data["notes"]), data["notes"]
