@@ -4,7 +4,8 @@ Slurm drains a node whose Epilog fails or hangs, so this never raises, always ex
 to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A job that
 exited 0 returns at once (the installed wrapper does that check before Python even starts).
 It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once (the job's
-start, when Slurm does not pass it, comes from slurmd's spool on this node).
+start, when Slurm does not pass it, comes from slurmd's spool on this node). A second run of
+the Epilog for the same job run does nothing (spool.claim_run).
 Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
 also scans this node's output files and ships their kept lines (collectors/output_lines.py),
 reading them as the job's user, never as root.
@@ -38,6 +39,12 @@ def snapshot(env, deadline: float) -> str:
     node = job.node or os.uname().nodename.split(".")[0]
     cluster = job.cluster or st.cluster
     run = f"job {job.job_id}.{job.restart} on {node}"
+    try:
+        if not spool.claim_run(st.spool_dir, cluster, job.job_id, job.restart, node,
+                               st.spool_writer_uid):
+            return f"{run}: taken by an earlier run of this Epilog, nothing to do"
+    except spool.SpoolError as e:
+        return f"{run}: snapshot not written: {e}"
     start = job.start or slurm_env.spool_start(env, job.job_id)
     snap = node_snapshot.collect(
         job.job_id, job.restart, node, job.uid, start, deadline,

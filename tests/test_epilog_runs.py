@@ -1,11 +1,14 @@
 """The node Epilog's own bookkeeping: the job's start from slurmd's spool when Slurm does not
-pass it (22.05)."""
+pass it (22.05), and one snapshot per job run however often Slurm runs the Epilog."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
-from sattrib.collectors import slurm_env
+import pytest
+
+from sattrib.collectors import slurm_env, spool
 
 DATA = Path(__file__).parent / "data" / "slurmd"
 
@@ -37,3 +40,29 @@ def test_spool_start_follows_slurm_conf_to_the_nodes_spool(tmp_path):
     else:                            # only root's own cred_state is believed
         assert slurm_env.spool_start(env, "2") is None
     assert slurm_env.spool_start(dict(env, SLURMD_NODENAME="node08"), "2") is None
+
+
+def test_a_job_run_is_claimed_once(tmp_path):
+    root = tmp_path / "spool"
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(
+        spool.claim_run(root, "kc", "8801", 0, "k1"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+    assert spool.claim_run(root, "kc", "8801", 1, "k1")          # the next run of the job
+    assert spool.claim_run(root, "kc", "8801", 0, "k2")          # another node
+    assert not spool.claim_run(root, "kc", "8801", 0, "k1")
+
+
+def test_a_claim_walks_no_symlinked_level(tmp_path):
+    root = tmp_path / "spool"
+    (root / "kc").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / "kc" / spool.MARKS)
+    with pytest.raises(spool.SpoolError, match="symbolic link"):
+        spool.claim_run(root, "kc", "8801", 0, "k1")
+    assert not any(elsewhere.iterdir())

@@ -645,13 +645,16 @@ def test_successful_job_no_diagnosis_and_epilog_overhead(cluster, install, nodes
     # Meanwhile: the Epilog's own cost, timed on the installed wrapper.
     n_ok, n_fail = 30, 5
     ok = time_wrapper(install.epilog, epilog_env(cluster, nodes, "node01", "990001", False), n_ok)
-    fake = "990002"
+    fakes = [str(990010 + i) for i in range(n_fail)]   # one run each: a rerun does nothing
     try:
-        bad = time_wrapper(install.epilog, epilog_env(cluster, nodes, "node01", fake, True), n_fail)
-        snap = install.spool_dir / cluster.cluster_name / f"{fake}.0" / "node01.snap.gz"
-        assert snap.is_file(), "the failed-job Epilog wrote no snapshot"
+        bad = [time_wrapper(install.epilog, epilog_env(cluster, nodes, "node01", f, True), 1)[0]
+               for f in fakes]
+        for f in fakes:
+            snap = install.spool_dir / cluster.cluster_name / f"{f}.0" / "node01.snap.gz"
+            assert snap.is_file(), "the failed-job Epilog wrote no snapshot"
     finally:
-        shutil.rmtree(install.spool_dir / cluster.cluster_name / f"{fake}.0", ignore_errors=True)
+        for f in fakes:
+            shutil.rmtree(install.spool_dir / cluster.cluster_name / f"{f}.0", ignore_errors=True)
     assert not (install.spool_dir / cluster.cluster_name / "990001.0").exists()
     med_ok, med_bad = statistics.median(ok), statistics.median(bad)
     print(f"\nEpilog overhead, installed wrapper run directly (median of n):\n"

@@ -298,3 +298,51 @@ def test_snapshot_without_a_start_time_holds_the_last_hour(cluster, install, nod
     assert "half-an-hour-ago" in journal and "two-hours-ago" not in journal
     assert any("start time is not known here: kernel log of the last 60 min" in n
                for n in data["notes"]), data["notes"]
+
+
+# ---------------------------------------------------------------------------
+# 4. the Epilog run twice for one job run
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_epilog_run_twice_takes_one_snapshot(cluster, install, nodes, work):
+    """Slurm before 26.05 may run a job's Epilog more than once. Run again after the run was
+    collected, and twice at once for a run not yet collected: one snapshot each time, no
+    folder left in the spool after the controller removed it."""
+    nodes.write_journals()
+    jid = cluster.sbatch(f"srun sh -c 'echo \"RuntimeError: boom\" >&2; exit 3'\n"
+                         f"date +%s.%N > {shlex.quote(str(work))}/end.$SLURM_JOB_ID\nexit 3\n",
+                         nodes=2, ntasks_per_node=1)
+    cluster.wait_job(jid, {"FAILED"}, timeout=60)
+    wait_diagnosis(cluster, install, jid)
+    spool = install.spool_dir / cluster.cluster_name
+    assert not (spool / f"{jid}.0").exists()
+
+    def epilogs(job: str, n: int) -> None:
+        env = epilog_env(cluster, nodes, "node01", job, True)
+        procs = [subprocess.Popen([str(install.epilog)], env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+                 for _ in range(n)]
+        for p in procs:
+            p.communicate(timeout=60)
+            assert p.returncode == 0
+
+    epilogs(str(jid), 1)            # late: the worker has collected and removed the run
+    assert not (spool / f"{jid}.0").exists(), "a second Epilog run left a snapshot behind"
+    fake = "990302"                 # not collected: two runs at once
+    epilogs(fake, 2)
+    try:
+        from sattrib.collectors import spool as spool_mod
+        notes: list = []
+        got = spool_mod.read_snapshots(spool / f"{fake}.0", fake, 0, {0}, True,
+                                       time.monotonic() + 20, notes, str(cluster.munge_socket))
+        assert list(got) == ["node01"] and not notes, notes
+    finally:
+        shutil.rmtree(spool / f"{fake}.0", ignore_errors=True)
+    log = install.log("epilog.log")
+    for job in (str(jid), fake):
+        lines = [ln for ln in log.splitlines() if f"job {job}.0 on node01:" in ln]
+        assert sum("snapshot /" in ln for ln in lines) == 1, lines
+        assert sum("taken by an earlier run" in ln for ln in lines) == 1, lines
