@@ -48,7 +48,7 @@ def snapshot(env, deadline: float) -> str:
     start = job.start or slurm_env.spool_start(env, job.job_id)
     snap = node_snapshot.collect(
         job.job_id, job.restart, node, job.uid, start, deadline,
-        probe_timeout=st.probe_timeout_s, journal_dir=st.journal_dir,
+        probe_timeout=st.probe_timeout_s, journal_dir=st.journal_dir.replace("%n", node),
         journal_margin=st.journal_margin_s, journal_lookback=st.journal_lookback_s,
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
