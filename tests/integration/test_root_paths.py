@@ -19,6 +19,7 @@ import os
 import pwd
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 import textwrap
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from test_hooks import (TEST_USER, _bounded, cluster, db_rows, epilog_env, install,  # noqa: F401
-                        job_end, job_user, nodes, timeout, wait_diagnosis, work)
+                        job_user, nodes, timeout, wait_diagnosis, work)
 
 
 class OpenWatch:
@@ -55,7 +56,7 @@ class OpenWatch:
                 break
         pos = 0
         while pos + 16 <= len(data):
-            wd, mask, _cookie, size = __import__("struct").unpack_from("iIII", data, pos)
+            wd, mask, _cookie, size = struct.unpack_from("iIII", data, pos)
             if mask & self.IN_OPEN:
                 seen.add(self.paths.get(wd, f"wd {wd}"))
             pos += 16 + size
@@ -99,6 +100,26 @@ def swap_script(work: Path, udir: Path, swaps: dict) -> str:
         f"\ndate +%s.%N > {shlex.quote(str(work))}/end.$SLURM_JOB_ID\nexit 1\n")
 
 
+def run_swapped(cluster, install, work, udir: Path, pw, swaps: dict, output: str, error: str,
+                watched: list):
+    """Submit, as the job's user, the job of swap_script with its output in folders of `udir`
+    named after `swaps`; wait for its diagnosis. Returns (job id, diagnosis, the `watched`
+    paths something opened meanwhile)."""
+    for sub in swaps:
+        (udir / sub).mkdir()
+        os.chown(udir / sub, pw.pw_uid, pw.pw_gid)
+    watch = OpenWatch(watched)
+    try:
+        jid = submit_as_user(cluster, swap_script(work, udir, swaps), udir,
+                             f"--output={udir}/{output}", f"--error={udir}/{error}")
+        cluster.wait_job(jid, {"FAILED"}, timeout=60)
+        diag, _ = wait_diagnosis(cluster, install, jid)
+        time.sleep(0.5)
+        return jid, diag, watch.opened()
+    finally:
+        watch.close()
+
+
 def everything_written(install) -> bytes:
     """The bytes of every file sattrib wrote: bundles, database, spool, logs."""
     out = []
@@ -129,23 +150,14 @@ def test_folder_swapped_for_dev_or_root_fifos_is_never_opened(cluster, install, 
     fifo_dir.chmod(0o755)
     writers = []
     try:
-        for sub in ("d", "p"):
-            (udir / sub).mkdir()
-            os.chown(udir / sub, job_user.pw_uid, job_user.pw_gid)
         fifos = [fifo_dir / "pipe0", fifo_dir / "pipe1"]
         for f in fifos:
             os.mkfifo(f, 0o600)
             writers.append(writer_on(f))
-        ttys = [Path("/dev/tty0"), Path("/dev/tty1")]
-        watch = OpenWatch([t for t in ttys if t.exists()])
-        script = swap_script(work, udir, {"d": "/dev", "p": fifo_dir})
-        jid = submit_as_user(cluster, script, udir, f"--output={udir}/d/tty%n",
-                             f"--error={udir}/p/pipe%n")
-        cluster.wait_job(jid, {"FAILED"}, timeout=60)
-        diag, _ = wait_diagnosis(cluster, install, jid)
-        time.sleep(0.5)
-        opened = watch.opened()
-        watch.close()
+        ttys = [t for t in (Path("/dev/tty0"), Path("/dev/tty1")) if t.exists()]
+        jid, diag, opened = run_swapped(cluster, install, work, udir, job_user,
+                                        {"d": "/dev", "p": fifo_dir}, "d/tty%n", "p/pipe%n",
+                                        ttys)
         released = [str(f) for f, w in zip(fifos, writers) if w.poll() is not None]
         notes = diag["completeness"]["notes"]
         print(f"\njob {jid}: notes\n  " + "\n  ".join(notes))
@@ -196,18 +208,9 @@ def test_files_the_user_cannot_reach_or_does_not_own_are_not_read(cluster, insta
             q.chmod(0o644)
             os.chown(q, other.pw_uid, other.pw_gid)
             planted += [p, q]
-        for sub in ("s", "o"):
-            (udir / sub).mkdir()
-            os.chown(udir / sub, job_user.pw_uid, job_user.pw_gid)
-        watch = OpenWatch(planted)
-        script = swap_script(work, udir, {"s": secret_dir, "o": other_dir})
-        jid = submit_as_user(cluster, script, udir, f"--output={udir}/s/out%n",
-                             f"--error={udir}/o/err%n")
-        cluster.wait_job(jid, {"FAILED"}, timeout=60)
-        diag, _ = wait_diagnosis(cluster, install, jid)
-        time.sleep(0.5)
-        opened = watch.opened()
-        watch.close()
+        jid, diag, opened = run_swapped(cluster, install, work, udir, job_user,
+                                        {"s": secret_dir, "o": other_dir}, "s/out%n", "o/err%n",
+                                        planted)
         notes = diag["completeness"]["notes"]
         print(f"\njob {jid}: notes\n  " + "\n  ".join(notes))
         written = everything_written(install)
