@@ -1,0 +1,88 @@
+"""One notion of the machine's fault: each category's blame and each action's service in
+engine/taxonomy.py, the blame a rule or catalog row declares, and everything that counts
+against a node (hotspots, `list --infra`, escalation, drains, the drain list, the node page)
+reading the one stored answer."""
+import pytest
+
+from helpers import CASES, ROOT
+from sattrib.analysis import analyze_folder
+from sattrib.engine.catalog import CatalogError, read_catalog
+from sattrib.engine.taxonomy import (BLAME, LADDER, SERVICE, Action, Blame, Category,
+                                     ladder_rank, out_of_service)
+
+REAL = ROOT / "tests" / "cases-real"
+NODE_DRIVER = REAL / "net-sw-nvml-driver-library-mismatch-unattended-upgrade-slurm-node"
+HOST_OOM = CASES / "host_oom_cgroup_kill"                                           # cpu-gpu01
+
+JOB = """JobId={job} JobName=train
+   UserId=carol(41003) GroupId=ml(5000) MCS_label=N/A
+   JobState=FAILED Reason=NonZeroExitCode Dependency=(null)
+   Requeue=0 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=1:0
+   StartTime=2026-04-12T09:00:00 EndTime=2026-04-12T09:01:10 Deadline=N/A
+   Partition=gpu AllocNode:Sid=login1:1234
+   NodeList={node}
+   NumNodes=1 NumCPUs=8 NumTasks=1 CPUs/Task=8
+"""
+# The user's own environment: two NCCL builds met in ~/.local; a binary built for another GPU.
+TWO_WHEELS = ("ImportError: /home/carol/.local/lib/python3.10/site-packages/torch/lib/"
+              "libtorch_cuda.so: undefined symbol: ncclMemFree")
+OTHER_ARCH = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
+
+
+def user_env_job(tmp_path, job: str, node: str, line: str):
+    folder = tmp_path / f"job{job}"
+    (folder / "slurm").mkdir(parents=True)
+    (folder / "slurm" / "job.txt").write_text(JOB.format(job=job, node=node))
+    (folder / node).mkdir()
+    (folder / node / "rank-0.stderr").write_text(
+        'Traceback (most recent call last):\n  File "/home/carol/train.py", line 3, in '
+        f"<module>\n    import torch\n{line}\n")
+    return folder
+
+
+def diagnose(folder, rules, job_id=None):
+    d, _ = analyze_folder(folder, rules=rules)
+    return d.model_copy(update={"job_id": job_id}) if job_id else d
+
+
+# -- the vocabularies -----------------------------------------------------------------------
+def test_every_category_has_a_blame_and_every_action_a_service():
+    assert set(BLAME) == set(Category) and all(isinstance(b, Blame) for b in BLAME.values())
+    assert set(SERVICE) == set(Action)
+    # The ladder climbs one rank a step, and every step empties the node.
+    assert [ladder_rank(a) for a in LADDER] == list(range(1, len(LADDER) + 1))
+    assert all(out_of_service(a) for a in LADDER)
+    # A rank on the ladder is an action that takes the node out, and only such an action.
+    assert all((s.rank > 0) == s.out_of_service for s in SERVICE.values())
+    assert not out_of_service(None) and not out_of_service("no_such_action")
+
+
+def test_a_rule_or_row_declares_blame_only_with_a_category(tmp_path):
+    from pydantic import ValidationError
+    from sattrib.engine.rule_spec import Rule
+    with pytest.raises(ValidationError, match="needs a category"):
+        Rule.model_validate({"id": "x.y", "title": "t", "role": "context", "source": "stderr",
+                             "pattern": "x", "explain": "x", "blame": "machine",
+                             "examples": {"match": [{"line": "x"}]}})
+    head = "rule\tmatch\trole\tcategory\taction\tflags\texplained_by\temitter\tversion\texample\tnote\n"
+    for flags, why in (("blame=owner", "blame must be one of"),
+                       ("blame=machine,blame=workload", "one blame= flag")):
+        path = tmp_path / "site.tsv"
+        path.write_text(head + f"nccl.warn\tx\troot\tsoftware_incompat\t-\t{flags}\t-\ta b\t1\tx\t-\n")
+        with pytest.raises(CatalogError, match=why):
+            read_catalog(path, "site.tsv")
+
+
+# -- the engine: whose fault, from the rule or row that named the cause -------------------------
+def test_user_environment_is_workload_and_the_node_driver_is_machine(tmp_path, rules):
+    for i, line in enumerate((TWO_WHEELS, OTHER_ARCH)):
+        d = diagnose(user_env_job(tmp_path, f"81{i}", "u01", line), rules)
+        assert (d.root_cause.category.value, d.root_cause.blame.value) == \
+            ("software_incompat", "workload")
+        # The user's environment is fixed by the user: no word of draining the node.
+        assert d.action_code.value == "fix_software" and "drain" not in d.action
+    d = diagnose(NODE_DRIVER, rules)
+    assert (d.root_cause.category.value, d.root_cause.blame.value, d.root_cause.trust.value) \
+        == ("software_incompat", "machine", "node_telemetry")
+    assert d.action.startswith("drain node-01;") and out_of_service(d.action_code)
+    assert diagnose(HOST_OOM, rules).root_cause.blame == Blame.workload
