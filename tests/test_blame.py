@@ -2,15 +2,25 @@
 engine/taxonomy.py, the blame a rule or catalog row declares, and everything that counts
 against a node (hotspots, `list --infra`, escalation, drains, the drain list, the node page)
 reading the one stored answer."""
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+
 import pytest
 
 from helpers import CASES, ROOT
+from sattrib.actions import escalation
 from sattrib.analysis import analyze_folder
+from sattrib.config import Settings
 from sattrib.engine.catalog import CatalogError, read_catalog
 from sattrib.engine.taxonomy import (BLAME, LADDER, SERVICE, Action, Blame, Category,
                                      ladder_rank, out_of_service)
+from sattrib.store import Store
 
 REAL = ROOT / "tests" / "cases-real"
+JOB_OUTPUT_IB = REAL / "net-ib-local-catastrophic-error-hca-mpirun-tagged-4node"   # node-01
 NODE_DRIVER = REAL / "net-sw-nvml-driver-library-mismatch-unattended-upgrade-slurm-node"
 HOST_OOM = CASES / "host_oom_cgroup_kill"                                           # cpu-gpu01
 
@@ -86,3 +96,47 @@ def test_user_environment_is_workload_and_the_node_driver_is_machine(tmp_path, r
         == ("software_incompat", "machine", "node_telemetry")
     assert d.action.startswith("drain node-01;") and out_of_service(d.action_code)
     assert diagnose(HOST_OOM, rules).root_cause.blame == Blame.workload
+
+
+# -- what counts against a node -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mixed_db(tmp_path_factory, rules):
+    """A job-output-only hardware fault and a node driver mismatch on node-01, three user OOM
+    kills on cpu-gpu01, the user's own software on u01 and u02."""
+    tmp = tmp_path_factory.mktemp("blame")
+    store = Store(tmp / "d.db")
+    store.upsert(diagnose(JOB_OUTPUT_IB, rules, "501"), "c1")
+    store.upsert(diagnose(NODE_DRIVER, rules, "502"), "c1")
+    for job in ("601", "602", "603"):
+        store.upsert(diagnose(HOST_OOM, rules, job), "c1")
+    store.upsert(diagnose(user_env_job(tmp, "701", "u01", TWO_WHEELS), rules), "c1")
+    store.upsert(diagnose(user_env_job(tmp, "702", "u02", OTHER_ARCH), rules), "c1")
+    store.sync_rules(rules)
+    return tmp / "d.db"
+
+
+def cli(*args):
+    r = subprocess.run([sys.executable, "-m", "sattrib", *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_hotspots_and_list_infra_count_only_the_machine_s_faults(mixed_db):
+    hot = cli("hotspots", "-S", "2000-01-01", "--json", "--database", str(mixed_db))
+    assert [(h["node"], h["failures"], h["categories"]) for h in hot] == \
+        [("node-01", 1, "software_incompat")]
+    listed = cli("list", "-S", "2000-01-01", "--infra", "--json", "--database", str(mixed_db))
+    assert [(r["job_id"], r["culprit_node"]) for r in listed] == [("502", "node-01")]
+    assert len(cli("list", "-S", "2000-01-01", "--json", "--database", str(mixed_db))) == 7
+
+
+def test_user_oom_kills_never_escalate_a_node_and_its_driver_does(mixed_db, rules):
+    conn = sqlite3.connect(mixed_db)
+    st = Settings(repeat_threshold=3)
+    oom = json.loads(diagnose(HOST_OOM, rules, "604").model_dump_json())
+    assert oom["root_cause"]["trust"] == "kernel"          # the kernel's OOM killer, trusted
+    assert escalation(conn, "c1/604/0", oom, st, time.time()) is None
+    driver = json.loads(diagnose(NODE_DRIVER, rules, "503").model_dump_json())
+    assert escalation(conn, "c1/503/0", driver, st.model_copy(update={"repeat_threshold": 2}),
+                      time.time())["to"] == "drain_node"
