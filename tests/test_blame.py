@@ -7,17 +7,22 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from helpers import CASES, ROOT
-from sattrib.actions import escalation
+from sattrib.actions import decide_drain, escalation
 from sattrib.analysis import analyze_folder
 from sattrib.config import Settings
+from sattrib.demo import write_demo
 from sattrib.engine.catalog import CatalogError, read_catalog
+from sattrib.engine.models import Diagnosis
 from sattrib.engine.taxonomy import (BLAME, LADDER, SERVICE, Action, Blame, Category,
                                      ladder_rank, out_of_service)
 from sattrib.store import Store
+from test_actions import slurm  # noqa: F401  (the scontrol/sinfo stand-ins, a fixture)
+from test_dashboard import get
 
 REAL = ROOT / "tests" / "cases-real"
 JOB_OUTPUT_IB = REAL / "net-ib-local-catastrophic-error-hca-mpirun-tagged-4node"   # node-01
@@ -140,3 +145,71 @@ def test_user_oom_kills_never_escalate_a_node_and_its_driver_does(mixed_db, rule
     driver = json.loads(diagnose(NODE_DRIVER, rules, "503").model_dump_json())
     assert escalation(conn, "c1/503/0", driver, st.model_copy(update={"repeat_threshold": 2}),
                       time.time())["to"] == "drain_node"
+
+
+def test_the_node_page_and_hotspots_read_the_stored_column(mixed_db, tmp_path):
+    _, body = get(mixed_db, "/node/node-01.json")
+    roles = {j["job_id"]: j["role"] for j in json.loads(body)["jobs"]}
+    assert roles == {"502": "cause", "501": "cause (unconfirmed)"}
+    _, body = get(mixed_db, "/node/cpu-gpu01.json")
+    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause (workload)"}
+    _, html = get(mixed_db, "/node/node-01")
+    assert "1 infrastructure fault on this node" in html and "job output only" in html
+    # The pages follow the stored answer, whatever the category: mark the OOMs as the
+    # machine's and they count.
+    path = tmp_path / "marked.db"
+    src = sqlite3.connect(mixed_db)
+    src.backup(dst := sqlite3.connect(path))
+    src.close()
+    dst.execute("update diagnoses set machine_fault = 1 where category = 'host_oom'")
+    dst.commit()
+    dst.close()
+    _, body = get(path, "/node/cpu-gpu01.json")
+    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause"}
+    _, body = get(path, "/diagnoses/node_hotspots.json?_shape=array&days=3650")
+    assert {(r["node"], r["failures"]) for r in json.loads(body)} == \
+        {("node-01", 1), ("cpu-gpu01", 3)}
+
+
+# -- out of service: the action text, the drain policy and the drain list agree ----------------
+def drain_list(path) -> dict:
+    rc, body = get(Path(path), "/-/summary.json")
+    assert rc == 0
+    return {r["node"]: r["action_code"] for r in json.loads(body)["drain"]}
+
+
+def dry_run(tmp_path):
+    return Settings(database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
+                    drain="dry-run", drain_max_per_hour=1000, drain_max_partition_percent=100.0)
+
+
+def test_the_drain_list_and_the_drain_policy_agree_for_every_action_code(tmp_path, rules, slurm):  # noqa: F811
+    st = dry_run(tmp_path)
+    store = Store(st.database)
+    base = json.loads(diagnose(CASES / "xid79_srun_combined_log", rules).model_dump_json())
+    policy = {}
+    for i, action in enumerate(Action):
+        d = json.loads(json.dumps(base))
+        node = f"n{i:02d}"
+        d["job_id"], d["action_code"] = str(9100 + i), action.value
+        d["root_cause"].update(node=node, action_code=action.value)
+        d["job"]["nodes"] = [node]
+        did = store.upsert(Diagnosis.model_validate(d), "c1")
+        got = decide_drain(store.db.conn, did, d, action.value, st, time.time())
+        policy[node] = got and got["decision"]
+    listed = drain_list(st.database)
+    for i, action in enumerate(Action):
+        node = f"n{i:02d}"
+        assert (policy[node] == "dry-run") == (node in listed) == out_of_service(action), action
+
+
+def test_the_demo_nvlink_fault_is_drained_as_its_action_says(tmp_path, rules, slurm):  # noqa: F811
+    st = dry_run(tmp_path)
+    d = diagnose(write_demo(tmp_path / "demo"), rules)
+    assert d.root_cause.category.value == "nvlink" and d.action.startswith("drain node-02;")
+    store = Store(st.database)
+    did = store.upsert(d, "c1")
+    got = decide_drain(store.db.conn, did, json.loads(d.model_dump_json()),
+                       d.action_code.value, st, time.time())
+    assert (got["decision"], got["node"]) == ("dry-run", "node-02")
+    assert drain_list(st.database) == {"node-02": "inspect_nvlink"}
