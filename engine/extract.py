@@ -117,7 +117,8 @@ def _event(ln: Line, compiled, caps: dict, tc: TimeContext, row=_UNSET) -> Event
     rule = compiled.rule
     ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
                source=ln.source, node=ln.node, rank=ln.rank, action=rule.action,
-               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by))
+               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by),
+               blame=(rule.category, rule.blame) if rule.blame else None)
     _with_nccl_host(caps, ln.message)
     if "rank" in caps and caps["rank"].isdigit():
         ev.rank = int(caps["rank"])
@@ -156,6 +157,8 @@ def _classify(ev: Event, row) -> None:
     ev.last_resort = row.last_resort
     if row.explained_by:
         ev.explained_by = row.explained_by
+    if row.blame:
+        ev.blame = (row.category, row.blame)
     if row.teardown:
         ev.tag(Tag.teardown)
     ev.catalog_row = row.where

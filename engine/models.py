@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
-from .taxonomy import Action, Category, Outcome, Role, Source, Trust
+from .taxonomy import Action, Blame, Category, Outcome, Role, Source, Trust
 
 # --------------------------------------------------------------------------------------------
 # Rules (engine/rules/<domain>/<mechanism>.yaml)
@@ -261,6 +261,7 @@ class Cause(_Out):
     action: str
     action_code: Action
     trust: Trust          # the most trusted source among the cause's own evidence
+    blame: Blame          # whose fault: machine, workload, site_environment, scheduler
     user_frames: list[Frame] = field(default_factory=list)   # innermost first
 
 
