@@ -3,13 +3,18 @@ as their words, never as Slurm's. On `scontrol show job` text recorded on the re
 cluster (tests/data/slurm/README.md); the same on a real cluster with the worker:
 tests/integration/test_slurm_actions.py."""
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
+from sattrib.actions import act
 from sattrib.analysis import analyze_folder
-from sattrib.collectors import slurm_state
+from sattrib.collectors import slurm_job, slurm_state
+from sattrib.config import Settings
+from sattrib.store import open_store
 
 DATA = Path(__file__).parent / "data" / "slurm"
 TEXT = (DATA / "scontrol-show-job-d.22.05.user-fields.txt").read_text()
@@ -50,9 +55,13 @@ def test_a_line_break_that_imitates_a_line_leaves_only_the_job_id(job):
 
 def test_no_output_path_for_a_job_slurm_prints_none_for():
     """Job 9 ran without a batch script: Slurm prints no StdOut, so the one its working
-    directory's name holds is not the job's."""
+    directory's name holds is not the job's. The text alone cannot tell where that name ends;
+    the working directory slurmctld gives the worker can, and the record is then not used."""
     kv = slurm_state.parse_kv(record(9))
     assert kv["BatchFlag"] == "0" and "StdOut" not in kv and kv["Uid"] == "1001"
+    exact = {"JobId": "9", "Uid": "1001", "WorkDir": "/tmp/sf/u/w\n   StdOut=/root/secret-note.txt"}
+    got = slurm_job.job_facts(kv, exact, notes := [])
+    assert got == exact and "WorkDir is not the one slurmctld gave" in notes[0]
 
 
 def test_one_line_records_with_keys_in_a_name_are_ambiguous():
@@ -134,3 +143,51 @@ def test_json_record_fields_are_exact(tmp_path, rules):
     assert '"job_state"' in text.split("\n")[view.index("JobState=NODE_FAIL Reason=NodeDown")]
     d, _ = analyze_folder(folder(tmp_path, **{"slurm/job.json": text}), rules=rules)
     assert {e.rule for e in d.evidence if e.source.value == "scheduler"} == {"slurm.job_state"}
+
+
+def test_exact_facts_win_and_a_misread_record_is_not_used():
+    exact = {"JobId": "4", "JobName": "a\n   UserId=root(0) GroupId=root(0) MCS_label=N/A",
+             "Uid": "1001", "User": "sattrib-hooktest", "StdOut": "/tmp/sf/u/o-%j.txt"}
+    notes: list = []
+    got = slurm_job.job_facts(slurm_state.parse_kv(record(4)), exact, notes)
+    assert got["Uid"] == "1001" and got["StdOut"] == "/tmp/sf/u/o-%j.txt" and "JobState" not in got
+    assert "was not used" in notes[0]
+    # A record read cleanly completes the facts (its state, restarts), never overrides them.
+    kv = slurm_state.parse_kv(record(1))
+    got = slurm_job.job_facts(dict(kv, Uid="0"), {"JobId": "1", "Uid": "1001"}, notes := [])
+    assert got == {"JobId": "1", "Uid": "1001"} and notes
+    got = slurm_job.job_facts(kv, {"JobId": "1", "Uid": "1001", "User": "sattrib-hooktest",
+                                   "JobName": kv["JobName"]}, notes := [])
+    assert got["JobState"] == "FAILED" and got["StdOut"] == "/tmp/sf/u/slurm-1.out" and not notes
+
+
+def test_mail_goes_to_the_jobs_user_and_never_as_an_option(tmp_path, rules):
+    rec = tmp_path / "mail.sh"
+    rec.write_text(f"#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"$@\" > {tmp_path}/mail.args\n")
+    rec.chmod(0o755)
+    st = Settings(database=str(tmp_path / "d.db"), bundle_dir=str(tmp_path / "b"),
+                  drain="off", mail_prog=str(rec))
+    db = open_store(st.database)
+    d, _ = analyze_folder(folder(tmp_path / "f", **{"slurm/job.txt": record(6)}), rules=rules)
+    act(db, db.upsert(d, "c1"), d, st)
+    assert (tmp_path / "mail.args").read_text().split("\n")[2] == "sattrib-hooktest"
+    os.unlink(tmp_path / "mail.args")
+    bad = d.model_copy(update={"job": d.job.__class__(**{**d.job.__dict__, "user": "-Eshell"}),
+                               "job_id": "66"})
+    got = act(db, db.upsert(bad, "c1"), bad, st)
+    assert not (tmp_path / "mail.args").exists() and not [a for a in got["actions"]
+                                                          if a["kind"] == "mail"]
+
+
+def test_squeue_gives_sattrib_collect_the_exact_owner_and_name(tmp_path, monkeypatch):
+    """By hand there is no EpilogSlurmctld environment: squeue's fields (the name last, so a
+    `|` or a line break in it stays in it) take its place."""
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\nprintf '7|1001|alice|gpu|gn[01-02]|x|y\\n   UserId=root(0)\\n'\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    got = slurm_job.squeue_facts("7", time.monotonic() + 10)
+    assert got == {"JobId": "7", "Uid": "1001", "User": "alice", "UserId": "alice(1001)",
+                   "Partition": "gpu", "NodeList": "gn[01-02]",
+                   "JobName": "x|y\n   UserId=root(0)"}
+    assert slurm_job.squeue_facts("8", time.monotonic() + 10) == {}
