@@ -32,6 +32,8 @@ def job_id_from_names(paths) -> Optional[str]:
 
 
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
+# Job records under slurm/: read by their structure, never line by line (see _read_file).
+SCHEDULER_RECORDS = ("slurm_job", "sacct", "slurm_json")
 MAX_FILES_PER_DIR = 5000
 MAX_DEPTH = 3
 STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
@@ -56,10 +58,14 @@ def _srun_prefixed(head: bytes) -> bool:
 def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
     text = head.decode("utf-8", "replace")
     if in_slurm:
-        if re.search(r"^\s*JobId=\d", text, re.M):
-            return "slurm_job", Source.scheduler
+        # A job record by its first line (a job's name may hold a line `JobId=...`), then by a
+        # record anywhere in it (whatever is pasted above the record, it is read as one).
         if text.lstrip().startswith("{"):
             return "slurm_json", Source.scheduler
+        if re.match(r"\s*JobID(?:Raw)?\|", text):
+            return "sacct", Source.scheduler
+        if re.search(r"^\s*JobId=\d", text, re.M):
+            return "slurm_job", Source.scheduler
         if re.search(r"^JobID(?:Raw)?\|", text, re.M):
             return "sacct", Source.scheduler
         return "slurm_log", Source.scheduler
@@ -134,6 +140,7 @@ class FolderReader:
         self.offset = 0
         self.job_line_cap = 200_000
         self.clock: dict = {}
+        self.job_id: Optional[str] = None   # whose scheduler records the rules read
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._founds: dict = {}   # one Line.found per distinct search result (see _line)
         self._no_stamps = 0
@@ -156,6 +163,7 @@ class FolderReader:
         other = [(p, r) for p, r in top if not r.startswith("slurm/") and r not in RESERVED]
         lone = self._lone_node(root, other, bundle)
         bundle.job = self._job(slurm_files, bundle)
+        self.job_id = bundle.job.job_id
         offset = self.utc_offset
         if callable(offset):
             # A named zone: its offset at the job's start (scontrol prints local time).
@@ -371,7 +379,9 @@ class FolderReader:
                 os.close(fd)
             kind, _ = _classify(Path(rel).name, text[:65536].encode(), True)
             if kind == "slurm_job":
-                scon += slurm_state.parse_scontrol(text)
+                found: list = []
+                scon += slurm_state.parse_scontrol(text, found)
+                bundle.notes += [f"{rel}: {n}" for n in found]
             elif kind == "sacct":
                 sacct += slurm_state.parse_sacct(text)
             elif kind == "slurm_json":
@@ -382,11 +392,11 @@ class FolderReader:
         runs = [j for j in sacct if j.start and j.end]
         if own:
             # sattrib's own record of the run it collected: its restart count and times win
-            # over scontrol's, which may already describe the next run of a requeued job.
+            # over scontrol's, which may already describe the next run of a requeued job, and
+            # so do whose job it is, its name and partition (what slurmctld passed the hook).
             run = own[0]
             for f in ("job_id", "cluster", "name", "user", "partition"):
-                if not getattr(job, f):        # no scheduler record: the hooks' facts
-                    setattr(job, f, getattr(run, f))
+                setattr(job, f, getattr(run, f) or getattr(job, f))
             job.restart = run.restart
             job.start = run.start or job.start
             job.end = run.end or job.end
@@ -489,7 +499,15 @@ class FolderReader:
                                              node=node, rank=None, shown=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
-            res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
+            if kind in SCHEDULER_RECORDS:
+                # What the job's user wrote into its record is no scheduler evidence: the
+                # rules read Slurm's own fields only (slurm_state.rule_view).
+                view = slurm_state.rule_view(kind, os.pread(fd, STRUCTURED_CAP, 0).decode(
+                    "utf-8", "replace"), self.job_id).encode()
+                res, srun = self.scan_output(fd, len(view), view[:self.lim.sniff_bytes],
+                                             pread=lambda n, off: view[off:off + n], kind=kind)
+            else:
+                res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
             self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
         finally:
             os.close(fd)

@@ -252,11 +252,11 @@ def requeue_around(d: dict, st, now: float) -> Optional[dict]:
             or d.get("outcome") != "attributed" or not _machine_fault(root)):
         return None
     node, job_id = root["node"], d.get("job_id")
-    r = _scontrol(["show", "job", "-o", str(job_id)], st.action_timeout_s)
+    r = _scontrol(["show", "job", str(job_id)], st.action_timeout_s)
     if not r.ok:
         return None
     from .collectors.slurm_state import parse_kv
-    job = parse_kv(r.out.decode("utf-8", "replace"))
+    job = parse_kv(r.out.decode("utf-8", "replace"), str(job_id))   # no state if ambiguous
     restarts = int(job.get("Restarts") or 0) if (job.get("Restarts") or "").isdigit() else 0
     if job.get("JobState") not in ("PENDING", "REQUEUED") or restarts <= int(d.get("restart") or 0):
         return None                       # Slurm does not run this job again
@@ -323,8 +323,14 @@ def notify(body: dict, st) -> dict:
     return {"decision": "failed", "detail": f"not sent after {attempt + 1} attempts: {err}"}
 
 
+# A user name as POSIX spells a portable one: never an option to mail_prog (no leading `-`).
+MAIL_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
 def mail(body: dict, user: str, st) -> dict:
-    """`mail_prog -s SUBJECT USER` with the text on stdin, as Slurm's MailProg is run."""
+    """`mail_prog -s SUBJECT USER` with the text on stdin, as Slurm's MailProg is run (with no
+    `--`, which a site's MailProg script may not expect): USER is the job's user as slurmctld
+    names it, and only a portable user name (MAIL_USER) is ever passed."""
     subject = f"sattrib: job {body['job_id']} {body['outcome']}" + (
         f" ({body['category']})" if body.get("category") else "")
     text = (f"{body['summary']}\n\nAction: {body['action']}\n\n"
@@ -371,7 +377,7 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
         acts.append(dict(notify(body, st), kind="notify", node=None, command=None,
                          created_at=_iso(now)))
     user = (d.get("job") or {}).get("user")
-    if st.mail_prog and user and re.fullmatch(r"[A-Za-z0-9._-]+", user):
+    if st.mail_prog and user and MAIL_USER.fullmatch(user):
         acts.append(dict(mail(body, user, st), kind="mail", node=None, command=None,
                          created_at=_iso(now)))
     db.record_actions(did, acts, esc)

@@ -13,16 +13,22 @@ Run (as root, ~3 min)::
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import sqlite3
+import subprocess
+import tempfile
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from test_hooks import (NODES, Install, Nodes, install, nodes, sattrib, timeout,  # noqa: F401
-                        wait_diagnosis, wait_files, work, _bounded)
+from test_hooks import (NODES, Install, Nodes, db_rows, install, job_user, nodes,  # noqa: F401
+                        sattrib, timeout, wait_diagnosis, wait_files, work, _bounded)
 
 GPU_PCI = "0000:00:1e"
 XID79 = (f"NVRM: Xid (PCI:{GPU_PCI}): 79, pid=0, name=<unknown>, GPU has fallen off the bus.")
@@ -245,3 +251,111 @@ def test_requeued_job_restarts_without_the_culprit(cluster, install, nodes, work
     assert info["NodeList"] != "node01" and info["Restarts"] == "1", info
     assert "node01" in info["ExcNodeList"], info
     assert "DRAIN" not in cluster.node_state("node01")
+
+
+# -- what the job's user writes into its own record -------------------------------------------------
+
+def user_sbatch(cluster, job_user, *argv: str, cwd) -> int:
+    """sbatch as the unprivileged test user (what anyone with a login can do)."""
+    r = subprocess.run(["runuser", "-u", job_user.pw_name, "--", "sbatch", "--parsable",
+                        "--no-requeue", *argv], env=cluster.env, capture_output=True,
+                       text=True, timeout=60, cwd=str(cwd))
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip().split(";")[0])
+
+
+def user_dir(job_user) -> Path:
+    """A folder of the job's user's own (the cwd of their jobs)."""
+    d = Path(tempfile.mkdtemp(prefix="sattrib-hooktest-user-"))
+    d.chmod(0o755)
+    os.chown(d, job_user.pw_uid, job_user.pw_gid)
+    return d
+
+
+def resume_ours(cluster, install):
+    """A node a failing test let sattrib drain goes back to service for the tests after it."""
+    for node, why in sinfo_reasons(cluster).items():
+        if why.startswith("sattrib:"):
+            sattrib(cluster, install, "resume", node, check=False)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_a_comment_name_or_path_that_reads_like_slurm_drains_nothing(cluster, install, nodes,
+                                                                     work, job_user):
+    """The fields a user writes (comment, job name, output path) are not the scheduler's
+    words: imitating slurmctld's node-failure lines there blames and drains no node."""
+    install.configure(drain="on")
+    nodes.write_journals()
+    udir = user_dir(job_user)
+    try:
+        jobs = {
+            user_sbatch(cluster, job_user, "-N2", "-w", "node01,node02",
+                        "--comment=srun: error: Node failure on node02", "--wrap=exit 1",
+                        cwd=udir): "node02",
+            user_sbatch(cluster, job_user, "-N2", "-w", "node03,node04",
+                        "-J", "Nodes node04 not responding, setting DOWN",
+                        f"--output={udir}/Nodes node04 not responding, setting DOWN-%j.out",
+                        "--wrap=exit 1", cwd=udir): "node04",
+        }
+        for jid, named in jobs.items():
+            diag, _ = wait_diagnosis(cluster, install, jid)
+            root = diag["root_cause"] or {}
+            assert root.get("category") != "scheduler_node_failure", json.dumps(diag)[:3000]
+            assert all(e["rule"] not in ("slurm.node_failure", "slurm.node_not_responding")
+                       for e in diag["evidence"]), diag["evidence"]
+            drains = [a for a in actions(install, jid) if a["kind"] == "drain"]
+            assert all(a["decision"] not in ("taken", "dry-run", "would-drain")
+                       for a in drains), drains
+            assert named not in sinfo_reasons(cluster), sinfo_reasons(cluster)
+    finally:
+        resume_ours(cluster, install)
+        shutil.rmtree(udir, ignore_errors=True)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_a_job_name_cannot_rewrite_whose_job_it_is(cluster, install, nodes, work, job_user):
+    """`-J 'x UserId=root(0) StdOut=/root/...'`: the worker (root here) copies the job's own
+    output only, never the root-only file the name points at; the bundle's ACL and the mail
+    go to the job's real user, and a name that makes the user `-Eshell` is no option."""
+    mails = work / f"mail-{uuid.uuid4().hex[:8]}"
+    mails.mkdir()
+    recorder = mails / "mail.sh"
+    recorder.write_text(f"#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"$@\" > "
+                        f"{shlex.quote(str(mails))}/$$.args\n")
+    recorder.chmod(0o755)
+    install.configure(drain="on", mail_prog=str(recorder))
+    nodes.write_journals()
+    marker = f"SATTRIB-SECRET-{uuid.uuid4().hex}"
+    secret = Path(tempfile.mkdtemp(prefix="sattrib-hooktest-secret-")) / "secret-note.txt"
+    secret.parent.chmod(0o755)                  # anyone may enter; the file is root's, 0600
+    secret.write_text(f"RuntimeError: {marker}\n")
+    secret.chmod(0o600)
+    udir = user_dir(job_user)
+    try:
+        names = [f"x UserId=root(0) StdOut={secret}", "x UserId=-Eshell(2001)"]
+        jobs = [user_sbatch(cluster, job_user, "-N1", "-J", name,
+                            "--wrap=echo 'ValueError: bad shard' >&2; exit 1", cwd=udir)
+                for name in names]
+        for jid, name in zip(jobs, names):
+            diag, _ = wait_diagnosis(cluster, install, jid)
+            assert diag["job"]["user"] == job_user.pw_name, diag["job"]
+            assert diag["job"]["name"] == name, diag["job"]
+            bundle = Path(db_rows(install, jid)[0]["bundle"])
+            acl = subprocess.run(["getfacl", "-n", "-p", str(bundle)], capture_output=True,
+                                 text=True, timeout=30).stdout
+            assert f"user:{job_user.pw_uid}:r-x" in acl, acl
+            run = json.loads((bundle / "slurm" / "sattrib-run.json").read_text())
+            assert [o["source"] for o in run["outputs"]] == [f"{udir}/slurm-{jid}.out"], run
+            mail = [p.read_text().split("\n") for p in mails.glob("*.args")
+                    if f"job {jid} " in p.read_text()]
+            assert mail and mail[0][:1] == ["-s"] and mail[0][2] == job_user.pw_name, mail
+        hits = [str(p) for top in (install.prefix / "var",) for p in top.rglob("*")
+                if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()]
+        assert not hits, f"the root-only file was read into {hits}"
+    finally:
+        install.configure(drain="on")
+        resume_ours(cluster, install)
+        shutil.rmtree(udir, ignore_errors=True)
+        shutil.rmtree(secret.parent, ignore_errors=True)
