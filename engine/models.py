@@ -262,6 +262,8 @@ class Cause(_Out):
     action_code: Action
     trust: Trust          # the most trusted source among the cause's own evidence
     user_frames: list[Frame] = field(default_factory=list)   # innermost first
+    # A second source on the culprit's node that says otherwise (verdict.contradicted_by).
+    contradicted_by: Optional[str] = None
 
 
 @_out

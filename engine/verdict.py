@@ -2,10 +2,12 @@
 nothing names a cause."""
 from __future__ import annotations
 
+from typing import Optional
+
 from .correlate import Links
 from .decode import Event
 from .incident import Incident
-from .taxonomy import INFRASTRUCTURE, TRUST, Action, Category, Role, Tag, Trust
+from .taxonomy import INFRASTRUCTURE, TRUST, Action, Category, Role, Source, Tag, Trust
 
 # Actions that take the node out of service (their texts begin with "drain").
 OUT_OF_SERVICE = {Action.reset_gpu, Action.reboot_node, Action.drain_node, Action.inspect_nvlink,
@@ -16,6 +18,30 @@ def cause_trust(inc: Incident) -> Trust:
     """The most trusted source among the incident's own evidence."""
     order = list(Trust)
     return min((TRUST[e.source] for e in inc.events), key=order.index, default=Trust.job_output)
+
+
+def contradicted_by(inc: Incident, events: list[Event]) -> Optional[str]:
+    """A second source on the culprit's node that says otherwise, in one line, or None.
+
+    A GPU gone from the bus, as kernel text says, is contradicted when the node's nvidia-smi
+    answers for that very GPU (its serial or UUID) and nothing in the node's telemetry agrees
+    with the kernel: no GPU lost, no GPU hardware fault or DCGM Xid on it or node-wide, no
+    failed probe (what the job printed counts for nothing here). A GPU that fell off the bus
+    does not answer again before a reset, so the kernel line is forged (engine/kmsg.py) or
+    about another device. With no nvidia-smi record of the GPU the kernel line stands alone."""
+    if inc.gpu is None or not any(Tag.device_lost in e.tags for e in inc.events
+                                  if e.source == Source.kernel):
+        return None
+    telemetry = [e for e in events if e.node == inc.node and
+                 TRUST[e.source] == Trust.node_telemetry and e.gpu in (inc.gpu, None)]
+    answers = [e for e in telemetry if e.source == Source.gpu and e.gpu == inc.gpu
+               and e.role == Role.context]
+    agrees = [e for e in telemetry if e.source == Source.probe or Tag.device_lost in e.tags
+              or e.category == Category.gpu_hardware]
+    if not answers or agrees:
+        return None
+    return (f"nvidia-smi on {inc.node} answers for GPU {inc.gpu} and does not report it lost "
+            f"({answers[0].line.doc}:{answers[0].line.line})")
 
 
 def cause_action(inc: Incident, links: Links) -> tuple[str, Action]:

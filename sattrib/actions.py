@@ -6,7 +6,8 @@ cluster's state and history, so it is stored beside it (tables `actions` and `es
 and `actions.json` in the bundle) and shown with it, never written into it.
 
 Etiquette (after LBNL NHC): a node is drained only for an `attributed` diagnosis whose action
-takes the node out of service and whose root cause is not job output alone; a node that is
+takes the node out of service and whose root cause is not job output alone, nor contradicted
+by a second source on the node (the decision is then "held"); a node that is
 already drained, down or reserved, or carries a reason, is left as it is; at most
 `drain_max_per_hour` nodes an hour and `drain_max_partition_percent` of a partition (at least
 one node) are drained, past that the decision is "would-drain". Every decision is recorded.
@@ -177,6 +178,9 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
                               "ambiguous or unattributed diagnosis")
     if root.get("trust") == "job_output":
         return out("refused", "the root cause rests on the job's own output only")
+    if root.get("contradicted_by"):
+        # A second source on the node says otherwise: the kernel line alone does not drain it.
+        return out("held", f"{root['contradicted_by']}: the kernel line alone drains nothing")
     job_nodes = (d.get("job") or {}).get("nodes") or []
     if job_nodes and node not in job_nodes:
         return out("refused", f"{node} did not run this job")

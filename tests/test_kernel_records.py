@@ -1,12 +1,13 @@
 """Kernel records quote names that users choose: a task's name, the file a program ran from, a
 path. Read from where the printer's own words are (engine/kmsg.py), they never become GPU,
 NVLink, network, PCIe or storage evidence, through a real journal (journalctl on a journal file
-that systemd-journal-remote wrote) and in every text shape a kernel log comes in."""
+that systemd-journal-remote wrote) and in every text shape a kernel log comes in; and a GPU that
+the kernel says fell off the bus, while nvidia-smi answers for it, is not drained on that alone."""
 import time
 
 import pytest
 
-from helpers import folder
+from helpers import ROOT, folder
 from integration.journal import JournalEntry, journal_remote_binary, write_journal
 from sattrib.analysis import analyze_folder
 from sattrib.collectors.node_snapshot import kernel_journal
@@ -149,3 +150,30 @@ def test_a_driver_line_after_its_device_is_still_read(tmp_path, rules):
         "nvidia 0000:3b:00.0: AER: can't recover (no error_detected callback)") + "\n"}),
         rules=rules)
     assert (d.root_cause.category.value, d.root_cause.node) == ("pcie", "node-02")
+
+
+# -- a second source on the node -----------------------------------------------------------------
+HEALTHY = (ROOT / "tests" / "data" / "samples" /
+           "nvidia-smi-q.h100-8gpu.535.161.08.healthy.txt").read_text()
+LOST = ("Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the "
+        "system to recover this GPU\n")
+XID79_3B = SHAPES["journalctl"].format(
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=<unknown>, GPU has fallen off the bus.") + "\n"
+
+
+@pytest.mark.parametrize("smi, contradicted", [
+    ({"node-02/nvidia-smi.txt": HEALTHY}, True),              # answers for 0000:3b:00.0
+    ({"node-02/nvidia-smi.txt": HEALTHY + LOST}, False),      # ... and says it is lost
+    ({"node-02/nvidia-smi.txt": HEALTHY.replace("00000000:3B:00.0", "00000000:3C:00.0")}, False),
+    ({}, False),                                              # no second source
+], ids=["answers", "answers-and-lost", "other-gpus-only", "no-nvidia-smi"])
+def test_a_lost_gpu_that_nvidia_smi_answers_for_is_contradicted(tmp_path, rules, smi,
+                                                                 contradicted):
+    d, _ = analyze_folder(folder(tmp_path, {"node-02/journal.log": XID79_3B, **smi}),
+                          rules=rules)
+    root = d.root_cause
+    assert (root.category.value, root.gpu) == ("gpu_hardware", "0000:3b:00.0")
+    assert bool(root.contradicted_by) is contradicted
+    if contradicted:
+        assert "nvidia-smi on node-02 answers for GPU 0000:3b:00.0" in root.contradicted_by
+        assert "node-02/nvidia-smi.txt:2" in root.contradicted_by
