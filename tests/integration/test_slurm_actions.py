@@ -73,6 +73,7 @@ def cluster(slurm_cluster_factory_module, install, nodes, hook):
         node_env=nodes.env, job_requeue=True, requeue_exit="42", cred_expire=12,
         slurmd_timeout=10)
     install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "journal_dir": nodes.journal_pattern,
                              "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
                              "dashboard_url": "https://sattrib.example/",
                              "drain_max_partition_percent": 100.0}
