@@ -11,9 +11,10 @@ a kernel record from where its printer's own words are:
   (dev_printk's `pcieport 0000:00:01.0: AER: ...`, netdev's `igb 0000:01:00.0 eno1: NIC Link is
   Down`);
 - a record that a task printer begins with the task's name (`python[4821]: segfault at ...`,
-  `python/4821: potentially unexpected fatal signal 11.`, `python invoked oom-killer: ...`) from
-  the printer's words after the name; such a record from a printer not listed here, from nowhere
-  (no rule is written for it, and its first words are the user's).
+  `python/4821: potentially unexpected fatal signal 11.`, `python invoked oom-killer: ...`)
+  from the printer's words after the name. One that opens with a task's name and pid but whose
+  printer is not listed here is not read at all: no rule is written for it, and its first words
+  are the user's.
 
 What follows a record's first words (the file of a segfault, the task an OOM report names) is
 reached only by a rule that matched from there, and the generic kernel catalog's rows are
