@@ -99,6 +99,12 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
     return "rank_output", Source.stderr
 
 
+def _kernel_record(kind: str, p) -> bool:
+    """Whether a kernel log's line (split_prefix's `p`) is the kernel's own: only what the
+    kernel printed is kernel evidence, and it is read from the record's start."""
+    return kind == "kernel_log" and (p.kernel_form or p.ident == "kernel")
+
+
 def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
     try:
         # A node's extract of a file (`X.lines`) sorts where X would.
@@ -339,8 +345,9 @@ class FolderReader:
             for ln in part.lines:
                 if ln.found is None:
                     cands = line_rules(ln, self.rules, self._by_source)
+                    kernel = ln.source is Source.kernel
                     caps = {c.rule.id: cp for c in cands
-                            if (cp := captures(c, ln.message)) is not None}
+                            if (cp := captures(c, ln.message, kernel=kernel)) is not None}
                     ln.found = found_for(ln, cands, caps)
         return part
 
@@ -580,11 +587,12 @@ class FolderReader:
             text = clean(data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
+            kernel = _kernel_record(kind, p)
             hit = {}
             for rid in lits:
                 c = by_id.get(rid)
                 if c is not None:
-                    m = c.search(msg)
+                    m = c.search(msg, kernel)
                     if m:
                         hit[rid] = m
             if hit and hit.keys() <= context:
@@ -610,8 +618,7 @@ class FolderReader:
             p = split_prefix(text, srun=srun)
         source = doc.source
         if doc.kind == "kernel_log":
-            # Per line: only what the kernel printed is kernel evidence.
-            source = Source.kernel if (p.kernel_form or p.ident == "kernel") else Source.system
+            source = Source.kernel if _kernel_record(doc.kind, p) else Source.system
         rank = p.rank if p.rank is not None else rank_hint
         ts = tc.epoch(p.stamp)
         skew = self.clock.get(doc.node, 0.0) if doc.node else 0.0

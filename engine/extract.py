@@ -20,7 +20,8 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
     for ln in lines:
         cands = line_rules(ln, rules, by_source)
         found = ln.found
-        hits, kernel_looking = select(ln, cands, lambda c: captures(c, ln.message, found))
+        hits, kernel_looking = select(ln, cands, lambda c: captures(
+            c, ln.message, found, ln.source is Source.kernel))
         if kernel_looking:
             # Looks like (say) a kernel line but came from rank output: not evidence.
             notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
@@ -72,13 +73,15 @@ def line_rules(ln: Line, rules: RuleSet, by_source: dict) -> list:
     return [rules.by_id[r] for r in ln.candidates if r in rules.by_id]
 
 
-def captures(compiled, message: str, found: Optional[dict] = None) -> Optional[dict]:
+def captures(compiled, message: str, found: Optional[dict] = None,
+             kernel: bool = False) -> Optional[dict]:
     """The groups a rule captures on a message (those that took part), or None when it does not
-    match. `found`: what the reader's search of this line's candidates already gave."""
+    match. `found`: what the reader's search of this line's candidates already gave; `kernel`:
+    the message is a kernel record, read from its start (engine/kmsg.py)."""
     if found is not None:
         hit = found.get(compiled.rule.id)
         return None if hit is None else hit[0]
-    m = compiled.search(message)
+    m = compiled.search(message, kernel)
     return None if m is None else {k: v for k, v in m.groupdict().items() if v is not None}
 
 

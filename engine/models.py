@@ -263,6 +263,8 @@ class Cause(_Out):
     trust: Trust          # the most trusted source among the cause's own evidence
     blame: Blame          # whose fault: machine, workload, site_environment, scheduler
     user_frames: list[Frame] = field(default_factory=list)   # innermost first
+    # A second source on the culprit's node that says otherwise (verdict.contradicted_by).
+    contradicted_by: Optional[str] = None
 
 
 @_out

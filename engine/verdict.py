@@ -2,11 +2,13 @@
 nothing names a cause."""
 from __future__ import annotations
 
+from typing import Optional
+
 from .correlate import Links
 from .decode import Event
 from .incident import Incident
-from .taxonomy import (BLAME, INFRASTRUCTURE, TRUST, Action, Blame, Category, Role, Tag, Trust,
-                       most_trusted, out_of_service)
+from .taxonomy import (BLAME, INFRASTRUCTURE, TRUST, Action, Blame, Category, Role, Source, Tag,
+                       Trust, most_trusted, out_of_service)
 
 
 def cause_trust(inc: Incident) -> Trust:
@@ -21,6 +23,30 @@ def cause_blame(inc: Incident) -> Blame:
         if e.category == inc.category:
             return e.blame[1] if e.blame and e.blame[0] == e.category else BLAME[inc.category]
     return BLAME[inc.category]
+
+
+def contradicted_by(inc: Incident, events: list[Event]) -> Optional[str]:
+    """A second source on the culprit's node that says otherwise, in one line, or None.
+
+    A GPU gone from the bus, as kernel text says, is contradicted when the node's nvidia-smi
+    answers for that very GPU (its serial or UUID) and nothing in the node's telemetry agrees
+    with the kernel: no GPU lost, no GPU hardware fault or DCGM Xid on it or node-wide, no
+    failed probe (what the job printed counts for nothing here). A GPU that fell off the bus
+    does not answer again before a reset, so the kernel line is forged (engine/kmsg.py) or
+    about another device. With no nvidia-smi record of the GPU the kernel line stands alone."""
+    if inc.gpu is None or not any(Tag.device_lost in e.tags for e in inc.events
+                                  if e.source == Source.kernel):
+        return None
+    telemetry = [e for e in events if e.node == inc.node and
+                 TRUST[e.source] == Trust.node_telemetry and e.gpu in (inc.gpu, None)]
+    answers = [e for e in telemetry if e.source == Source.gpu and e.gpu == inc.gpu
+               and e.role == Role.context]
+    agrees = [e for e in telemetry if e.source == Source.probe or Tag.device_lost in e.tags
+              or e.category == Category.gpu_hardware]
+    if not answers or agrees:
+        return None
+    return (f"nvidia-smi on {inc.node} answers for GPU {inc.gpu} and does not report it lost "
+            f"({answers[0].line.doc}:{answers[0].line.line})")
 
 
 def cause_action(inc: Incident, links: Links) -> tuple[str, Action]:

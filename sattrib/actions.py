@@ -7,7 +7,8 @@ and `actions.json` in the bundle) and shown with it, never written into it.
 
 Etiquette (after LBNL NHC): a node is drained only for an `attributed` diagnosis that is the
 machine's fault (engine.taxonomy.machine_fault: blamed on the machine, not on job output alone)
-and whose action takes the node out of service (engine.taxonomy.SERVICE); a node that is
+and whose action takes the node out of service (engine.taxonomy.SERVICE), nor contradicted by a
+second source on the node (the decision is then "held"); a node that is
 already drained, down or reserved, or carries a reason, is left as it is; at most
 `drain_max_per_hour` nodes an hour and `drain_max_partition_percent` of a partition (at least
 one node) are drained, past that the decision is "would-drain". Every decision is recorded.
@@ -182,6 +183,9 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
     if not _machine_fault(root):
         return out("refused", f"{root['category']} is not the machine's fault "
                               f"({blame_of(root['category'], root.get('blame')).value})")
+    if root.get("contradicted_by"):
+        # A second source on the node says otherwise: the kernel line alone does not drain it.
+        return out("held", f"{root['contradicted_by']}: the kernel line alone drains nothing")
     job_nodes = (d.get("job") or {}).get("nodes") or []
     if job_nodes and node not in job_nodes:
         return out("refused", f"{node} did not run this job")

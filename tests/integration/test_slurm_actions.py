@@ -78,6 +78,7 @@ def cluster(slurm_cluster_factory_module, install, nodes, hook):
         node_env=nodes.env, job_requeue=True, requeue_exit="42", cred_expire=12,
         slurmd_timeout=10)
     install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "journal_dir": nodes.journal_pattern,
                              "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
                              "dashboard_url": "https://sattrib.example/",
                              "drain_max_partition_percent": 100.0}
@@ -85,9 +86,11 @@ def cluster(slurm_cluster_factory_module, install, nodes, hook):
     return c
 
 
-def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None) -> int:
-    """A job on `on` whose ranks exit 1, with a kernel Xid 79 on `culprit` while it runs
-    (`while_running()`, if given, is called while the ranks run)."""
+def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None,
+                record: str = XID79, gpu_lost: bool = True) -> int:
+    """A job on `on` whose ranks exit 1, with a kernel `record` (an Xid 79) on `culprit` while it
+    runs, and its nvidia-smi no longer reaching the GPU (`gpu_lost`); `while_running()`, if
+    given, is called while the ranks run."""
     w = shlex.quote(str(work))
     jid = cluster.sbatch(
         f"#!/bin/sh\nsrun -l sh -c 'touch {w}/started.$SLURM_JOB_ID.$SLURMD_NODENAME; "
@@ -95,7 +98,9 @@ def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None
         "echo \"rank $SLURM_PROCID: CUDA error: unspecified launch failure\" >&2; exit 1'\n",
         nodes=len(on), nodelist=",".join(on), ntasks_per_node=1, no_requeue=True)
     wait_files(work, f"started.{jid}.*", len(on))
-    nodes.write_journals({culprit: [(time.time(), XID79)]})
+    nodes.write_journals({culprit: [(time.time(), record)]})
+    if gpu_lost:
+        nodes.lose_gpu(culprit)
     if while_running:
         while_running()
     (work / f"go.{jid}").touch()
@@ -185,6 +190,40 @@ def test_trusted_xid79_drains_exactly_the_culprit_and_posts_the_webhook(cluster,
 
 @pytest.mark.slurm
 @timeout(180)
+def test_a_segfault_naming_an_xid_drains_nothing(cluster, install, nodes, work):
+    """The kernel's report of a user program's segfault names the file it ran from, here one
+    named like the driver's Xid 79 line: it is the job's own event, never the GPU's."""
+    install.configure(drain="on")
+    segv = (f"kernel[29915]: segfault at 0 ip 00007ff6e9824000 sp 00007ffd5e2a1b80 error 4 in "
+            f"{XID79}[0,7ff6e9824000+1000] likely on CPU 1 (core 1, socket 0)")
+    jid = failing_job(cluster, nodes, work, ["node02"], "node02", record=segv, gpu_lost=False)
+    diag, _ = wait_diagnosis(cluster, install, jid)
+    root = diag["root_cause"] or {}
+    assert root.get("category") != "gpu_hardware", json.dumps(diag, indent=1)[:3000]
+    assert not any(e["rule"] == "gpu.xid" for e in diag["evidence"]), diag["evidence"]
+    acted = Path(db_rows(install, jid)[0]["bundle"]) / "actions.json"    # the worker's last word
+    end = time.monotonic() + 30
+    while not acted.is_file() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert json.loads(acted.read_text())["actions"] == []
+    assert "DRAIN" not in cluster.node_state("node02")
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_a_lost_gpu_that_nvidia_smi_still_answers_for_is_held(cluster, install, nodes, work):
+    """An Xid 79 in node02's kernel log while node02's nvidia-smi, taken by the Epilog after the
+    job, answers for that very GPU: a second source says otherwise, the drain is held."""
+    install.configure(drain="on")
+    jid = failing_job(cluster, nodes, work, ["node02"], "node02", gpu_lost=False)
+    a = wait_actions(cluster, install, jid, "drain")
+    assert (a["decision"], a["node"]) == ("held", "node02"), a
+    assert a["detail"].startswith("nvidia-smi on node02 answers for GPU 0000:00:1e.0"), a
+    assert "DRAIN" not in cluster.node_state("node02")
+
+
+@pytest.mark.slurm
+@timeout(180)
 def test_a_node_drained_by_someone_else_keeps_its_reason(cluster, install, nodes, work):
     install.configure(drain="on")
     # the admin drains node03 while the job runs on it: DRAINING, then DRAINED
@@ -216,6 +255,8 @@ def test_rate_limit_stops_the_third_drain_in_a_burst(cluster, install, nodes, wo
     for jid in jobs:
         wait_files(work, f"started.{jid}.*", 1)
     nodes.write_journals({n: [(time.time(), XID79)] for n in burst})
+    for n in burst:
+        nodes.lose_gpu(n)
     (work / "go.burst").touch()
     got = [wait_actions(cluster, install, jid, "drain") for jid in jobs]
     decisions = sorted(a["decision"] for a in got)
