@@ -449,9 +449,11 @@ def serve(ctx, host, port, base_url, database, root, print_command):
     Recent failures, failures by category over time, node and GPU hotspots, unexplained
     failures and missing telemetry, and one page per diagnosis with its timeline. Evidence
     lines are shown to admins only (serve_evidence_text, serve_admins)."""
-    from .serve import prepare, serve as run_serve
+    from .serve import prepare, serve as run_serve, warnings
     st = _settings(ctx, serve_host=host, serve_port=port, serve_base_url=base_url,
                    database=database).settings
+    for warning in warnings(st):
+        click.echo(warning, err=True)
     if print_command:
         import shlex
         click.echo(shlex.join(prepare(st, root)[0]))

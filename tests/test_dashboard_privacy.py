@@ -7,8 +7,11 @@ import os
 import shutil
 import sqlite3
 import stat
+import socket
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ import pytest
 from sattrib.analysis import analyze_folder, load_rules
 from sattrib.config import Settings
 from sattrib.demo import write_demo
-from sattrib.serve import HEADER_ENV, dashboard_dir, datasette_argv, metadata
+from sattrib.serve import HEADER_ENV, PROXY_ENV, dashboard_dir, datasette_argv, metadata
 from sattrib.store import Store
 
 LINE = "kernel: NVRM: Xid (PCI:0000:9d:00): 149"          # the demo's root evidence line
@@ -130,13 +133,92 @@ def test_sql_reaches_every_table_so_it_is_for_admins_only(db):
     assert anon == 403 and admin.status_code == 403
 
 
-def test_trusted_proxy_header_only_when_the_site_names_it(db, monkeypatch):
+def test_the_user_header_is_believed_only_from_the_trusted_proxy(db, monkeypatch):
+    """Datasette's test client connects as 127.0.0.1: the header counts only when the site names
+    both the header and that address as its proxy's."""
     async def requests(ds, client):
         return [(await client.get("/diagnoses/evidence.json", headers={"X-Remote-User": u}))
                 .status_code for u in ("alice", "mallory")]
     assert run(db, requests, serve_admins=["alice"]) == [403, 403]
     monkeypatch.setenv(HEADER_ENV, "X-Remote-User")
+    assert run(db, requests, serve_admins=["alice"]) == [403, 403]        # no proxy named
+    monkeypatch.setenv(PROXY_ENV, "10.0.0.9")
+    assert run(db, requests, serve_admins=["alice"]) == [403, 403]        # another address
+    monkeypatch.setenv(PROXY_ENV, "10.0.0.9,127.0.0.0/30")
     assert run(db, requests, serve_admins=["alice"]) == [200, 403]
+
+
+def _get(port: int, path: str, source: str, headers: dict) -> int:
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, source_address=(source, 0), timeout=30)
+    try:
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_spoofed_user_header_from_a_client_that_is_not_the_proxy_is_ignored(db, tmp_path):
+    """`sattrib serve` on every address, its proxy at 127.0.0.2. A client on 127.0.0.1 or
+    127.0.0.3 that says it is root (and that the proxy forwarded it) is anonymous; only a
+    request the proxy itself makes is root's."""
+    from test_dashboard import _free_port
+    port = _free_port()
+    cfg = tmp_path / "sattrib.toml"
+    cfg.write_text(f'serve_host = "0.0.0.0"\nserve_port = {port}\n'
+                   'serve_trusted_user_header = "X-Remote-User"\n'
+                   'serve_trusted_proxy = "127.0.0.2"\n')
+    env = dict(os.environ, SATTRIB_CONFIG=str(cfg), SATTRIB_DATABASE=str(db))
+    proc = subprocess.Popen([sys.executable, "-m", "sattrib", "serve"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(150):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        path = "/diagnoses/evidence.json"
+        root = {"X-Remote-User": "root"}
+        assert _get(port, path, "127.0.0.1", dict(root, **{"X-Forwarded-For": "127.0.0.2"})) \
+            == 403
+        assert _get(port, path, "127.0.0.3", root) == 403
+        assert _get(port, path, "127.0.0.2", {}) == 403
+        assert _get(port, path, "127.0.0.2", root) == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "warning" not in err                  # it is behind a named proxy
+
+
+@pytest.mark.parametrize("config,warned", [
+    ({"serve_host": "0.0.0.0"}, ["listening on 0.0.0.0:8001, beyond this machine"]),
+    ({"serve_host": "10.1.2.3", "serve_trusted_proxy": ["10.1.2.1"]}, []),
+    ({"serve_host": "127.0.0.1"}, []),
+    ({"serve_host": "::1", "serve_trusted_user_header": "X-Remote-User"},
+     ["serve_trusted_user_header (X-Remote-User) is ignored"]),
+])
+def test_serve_warns_when_open_beyond_this_machine_without_a_proxy(db, tmp_path, config, warned):
+    cfg = tmp_path / "sattrib.toml"
+    cfg.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
+    r = subprocess.run([sys.executable, "-m", "sattrib", "serve", "--print-command"],
+                       env=dict(os.environ, SATTRIB_CONFIG=str(cfg), SATTRIB_DATABASE=str(db)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == len(warned)
+    for line, want in zip(lines, warned):
+        assert line.startswith("sattrib serve: warning: ") and want in line
+
+
+def test_metadata_names_no_admins(db):
+    async def requests(ds, client):
+        return [await client.get(p) for p in ("/-/metadata.json", "/-/metadata")]
+    for r in run(db, requests, serve_admins=["alice", "bob"], serve_allow_sql=True):
+        assert r.status_code == 200
+        assert "alice" not in r.text and "bob" not in r.text and '"allow' not in r.text
+    js = run(db, requests, serve_admins=["alice"])[0].json()
+    assert js["databases"]["diagnoses"]["queries"]["search_evidence"]["sql"]
 
 
 def test_writes_answer_405(db):

@@ -5,10 +5,12 @@ Everything shown comes from the diagnoses database through read-only connections
 dashboard's user may only read the file). Text from logs is written by users; it reaches the
 page only through Jinja's autoescaping or markupsafe.escape, and only for actors that may view
 the evidence table (the `allow` blocks `sattrib serve` writes; serve_evidence_text). Writes
-answer 405; /-/databases shows no file paths; an actor comes from `--root` or, when the site
-names one, from its reverse proxy's user header.
+answer 405; /-/databases shows no file paths and /-/metadata no actor names; an actor comes
+from `--root` or, when the site names one, from its reverse proxy's user header, believed only
+on a request that the proxy itself made (its address in serve_trusted_proxy).
 """
 import asyncio
+import ipaddress
 import json
 import os
 import re
@@ -48,6 +50,7 @@ def _diag_path(cluster, job, restart):
 
 
 HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"      # set by `sattrib serve`
+PROXY_ENV = "SATTRIB_DASHBOARD_TRUSTED_PROXY"            # its addresses, comma-separated
 DB_NAME = "diagnoses"
 READ_METHODS = ("GET", "HEAD")
 
@@ -59,10 +62,30 @@ def permission_allowed(action):
     return None
 
 
+def from_trusted_proxy(request) -> bool:
+    """Did the site's reverse proxy itself make this request? The socket's peer address (uvicorn
+    is told to believe no X-Forwarded-For) against serve_trusted_proxy; none named: never."""
+    client = request.scope.get("client")
+    try:
+        peer = ipaddress.ip_address(client[0])
+    except (TypeError, IndexError, ValueError):
+        return False                      # a Unix socket, or no peer at all
+    peer = getattr(peer, "ipv4_mapped", None) or peer
+    for net in os.environ.get(PROXY_ENV, "").split(","):
+        try:
+            if net.strip() and peer in ipaddress.ip_network(net.strip(), strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 @hookimpl
 def actor_from_request(request):
     header = os.environ.get(HEADER_ENV, "").lower()
-    user = request.headers.get(header, "").strip() if header else ""
+    if not header or not from_trusted_proxy(request):
+        return None                       # anyone else may send that header too
+    user = request.headers.get(header, "").strip()
     return {"id": user, "via": "proxy header"} if user else None
 
 
@@ -131,6 +154,27 @@ async def databases_page(datasette, request):
         return Response.json(data)
     return Response.html(await datasette.render_template(
         "show_json.html", {"filename": "databases.json",
+                           "data_json": json.dumps(data, indent=4)}, request=request))
+
+
+def _without_allow(md):
+    """Metadata without its `allow` blocks: they name the admins, whom a visitor could then
+    impersonate wherever a proxy header is believed."""
+    if isinstance(md, dict):
+        return {k: _without_allow(v) for k, v in md.items() if k not in ("allow", "allow_sql")}
+    if isinstance(md, list):
+        return [_without_allow(v) for v in md]
+    return md
+
+
+async def metadata_page(datasette, request):
+    """/-/metadata without the names of those who may read evidence text."""
+    await datasette.ensure_permissions(request.actor, ["view-instance"])
+    data = _without_allow(datasette.metadata())
+    if request.url_vars.get("format") == "json":
+        return Response.json(data)
+    return Response.html(await datasette.render_template(
+        "show_json.html", {"filename": "metadata.json",
                            "data_json": json.dumps(data, indent=4)}, request=request))
 
 
@@ -679,4 +723,5 @@ def register_routes():
         (r"^/node/(?P<node>[^/]+?)(?P<format>\.json)?$", node_page),
         (r"^/gpu/(?P<gpu>[^/]+?)(?P<format>\.json)?$", gpu_page),
         (r"^/-/databases(\.(?P<format>json))?$", databases_page),
+        (r"^/-/metadata(\.(?P<format>json))?$", metadata_page),
     ]
