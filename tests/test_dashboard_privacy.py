@@ -4,6 +4,7 @@ process (actors, headers, POST) and `datasette --get` as an unprivileged user.""
 import asyncio
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -359,3 +360,99 @@ def test_a_metrics_chart_and_graph_link_are_evidence_for_admins_only(metrics_db)
         assert secret not in anyone, secret
     ev = pages["anyone", "/diagnosis/test/2001/0.json"].json()["diagnosis"]["evidence"]
     assert ev and not any("metric" in e or "text" in e for e in ev)
+
+
+SECRET = "sk-live-SECRET123"
+
+
+def _job(folder: Path, job_id: str, files: dict) -> Path:
+    (folder / "slurm").mkdir(parents=True)
+    (folder / "slurm" / "job.txt").write_text(
+        f"JobId={job_id} JobName=train UserId=alice(1000) JobState=FAILED ExitCode=1:0\n"
+        "   StartTime=2026-11-02T09:00:00 EndTime=2026-11-02T10:30:00\n"
+        "   NodeList=node-[01-02]\n")
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def secret_db(tmp_path_factory):
+    """The demo, a rank whose exception holds a secret, and two nodes whose kernels kill a
+    process named by a secret in the same second (two candidates)."""
+    d = tmp_path_factory.mktemp("dashsecret")
+    path = d / "diagnoses.db"
+    rules = load_rules()
+    store = Store(path)
+    kill = ("2026-11-02T10:00:00+0000 {n} kernel: Out of memory: Killed process 99 ({c}) "
+            "total-vm:1kB, anon-rss:1kB")
+    for folder in (write_demo(d / "demo"),
+                   _job(d / "j1", "1002", {"node-02/rank-3.err":
+                                           f"[rank3]: KeyError: 'api_token={SECRET}'"}),
+                   _job(d / "j2", "1003", {
+                       "node-01/journal.log": kill.format(n="node-01", c=SECRET),
+                       "node-02/journal.log": kill.format(n="node-02", c=SECRET)})):
+        diag, _ = analyze_folder(folder, rules=rules)
+        store.upsert(diag, "test", bundle_path=str(folder))
+    store.sync_rules(rules)
+    return path
+
+
+async def _every_page(ds) -> list[str]:
+    """Every page the dashboard serves for this database: Datasette's own, each table and view
+    and canned query (HTML, JSON, CSV; a query's parameters filled in), and the plugin's pages
+    for each diagnosis, job, node and GPU it holds. Fails when a plugin route got no page."""
+    from datasette.plugins import pm
+    from datasette.utils import tilde_encode
+    db = ds.get_database("diagnoses")
+    pages = ["/", "/diagnoses", "/-/summary.json"] + [
+        f"/-/{p}{ext}" for p in ("metadata", "databases", "settings", "plugins", "versions",
+                                 "threads", "actor") for ext in ("", ".json")]
+    names = await db.table_names() + await db.view_names()
+    queries = await ds.get_canned_queries("diagnoses", None)
+    filled = {"days": "3650", "q": "KeyError"}
+    for name in names:
+        pages += [f"/diagnoses/{tilde_encode(name)}{ext}" for ext in ("", ".json", ".csv")]
+    for name, q in queries.items():
+        args = "&".join(f"{p}={filled.get(p, '')}" for p in sorted(set(
+            re.findall(r":(\w+)", q["sql"]))))
+        pages += [f"/diagnoses/{name}{ext}?{args}" for ext in ("", ".json", ".csv")]
+    rows = (await db.execute("select cluster, job_id, restart, culprit_node, gpu_serial "
+                             "from diagnoses")).rows
+    nodes = [r[0] for r in (await db.execute("select distinct node from job_nodes")).rows]
+    for r in rows:
+        pages += [f"/diagnosis/{r['cluster']}/{r['job_id']}/{r['restart']}{ext}"
+                  for ext in ("", ".json")]
+        pages += [f"/job{ext}?id={r['job_id']}" for ext in ("", ".json")]
+        pages += [f"/gpu/{r['gpu_serial']}{ext}" for ext in ("", ".json") if r["gpu_serial"]]
+    pages += [f"/node/{n}{ext}" for n in nodes for ext in ("", ".json")]
+    routes = [rx for impl in pm.hook.register_routes(datasette=ds) for rx, _ in impl or []]
+    for rx in routes:
+        assert any(re.match(rx, p.split("?")[0]) for p in pages), \
+            f"no page for the plugin's route {rx}"
+    assert "search_evidence" in queries and "evidence_fts_data" in names
+    return sorted(set(pages))
+
+
+def test_no_page_shows_anyone_a_secret_from_a_log_line(secret_db):
+    """Anonymous visitors get every page (or 403 for the evidence tables and queries); none
+    holds the secret a program printed or the process name a kernel quoted. Admins see it in
+    the evidence."""
+    from sattrib.serve import TEXT_QUERIES, TEXT_TABLES
+
+    async def requests(ds, client):
+        pages = await _every_page(ds)
+        anon = {p: await client.get(p) for p in pages}
+        admin = await client.get("/diagnoses/evidence.json?_shape=array", cookies=root_cookie(ds))
+        return anon, admin
+    anon, admin = run(secret_db, requests)
+    assert len(anon) > 100
+    for p, r in anon.items():
+        name = p.split("?")[0].rsplit("/", 1)[-1].split(".")[0]
+        private = p.startswith("/diagnoses/") and name in TEXT_TABLES + TEXT_QUERIES
+        assert r.status_code in ((403,) if private else (200, 302)), (p, r.status_code)
+        assert SECRET not in r.text, p
+    assert "rank 3 on node-02 raised KeyError" in anon["/diagnosis/test/1002/0"].text
+    assert "Out of memory on node-01: killed process 99" in anon["/diagnoses/candidates.json"].text
+    assert any(SECRET in row["text"] for row in admin.json())
