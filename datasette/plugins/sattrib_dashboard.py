@@ -91,7 +91,8 @@ def actor_from_request(request):
 
 @hookimpl
 def asgi_wrapper():
-    """Nothing here writes: every method but GET and HEAD is 405 (logging out excepted)."""
+    """Nothing here writes: every method but GET and HEAD is 405 (logging out excepted). CSV
+    answers have their formula cells defused."""
     def wrap(app):
         async def read_only(scope, receive, send):
             if (scope["type"] == "http" and scope["method"] not in READ_METHODS
@@ -100,9 +101,52 @@ def asgi_wrapper():
                                     "read-only\n", status=405,
                                     headers={"Allow": ", ".join(READ_METHODS)}).asgi_send(send)
                 return
+            if scope["type"] == "http" and scope["path"].endswith(".csv"):
+                await app(scope, receive, csv_defuser(send))
+                return
             await app(scope, receive, send)
         return read_only
     return wrap
+
+
+def defuse_csv(data: bytes) -> bytes:
+    """The CSV with every cell a spreadsheet would run as a formula (`=`, `+`, `-`, `@`...
+    first: a job name, a user, a summary) given a `'` before it (sattrib.escape)."""
+    import csv
+    import io
+    from sattrib.escape import spreadsheet_cell
+    out = io.StringIO()
+    writer = csv.writer(out)                      # the dialect Datasette writes
+    for row in csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape"), newline="")):
+        writer.writerow([spreadsheet_cell(cell) for cell in row])
+    return out.getvalue().encode("utf-8", "surrogateescape")
+
+
+def csv_defuser(send):
+    """An ASGI `send` that holds a CSV answer (one page of rows: CSV streaming is off) and
+    sends it defused. Datasette writes CSV itself and has no hook for its cells; answers that
+    are not CSV (an error page) pass unchanged."""
+    held: dict = {"start": None, "body": []}
+
+    async def hold(message):
+        start = held["start"]
+        if message["type"] == "http.response.start":
+            held["start"] = message
+            return
+        if message["type"] != "http.response.body" or start is None:
+            await send(message)
+            return
+        held["body"].append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        data = b"".join(held["body"])
+        kind = dict(start.get("headers") or []).get(b"content-type", b"")
+        if start["status"] == 200 and kind.startswith((b"text/plain", b"text/csv")):
+            data = defuse_csv(data)
+        headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+        await send(dict(start, headers=headers + [(b"content-length", str(len(data)).encode())]))
+        await send({"type": "http.response.body", "body": data})
+    return hold
 
 
 class ReadOnlyDatabase(Database):
