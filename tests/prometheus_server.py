@@ -5,6 +5,7 @@ connector must survive: one that answers 500, one that accepts and never answers
 trickles its answer a byte at a time."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -268,3 +269,31 @@ class Trickles(_Local):
     def stop(self):
         self.stopping.set()
         super().stop()
+
+
+class Answers(_Local):
+    """Answers every query with `status` and a JSON body: an error whose message echoes the
+    request's Authorization header (as a proxy's error page may), or a success padded to
+    `size` bytes."""
+
+    def __init__(self, status: int = 200, size: int = 0, error_type: str = "unavailable"):
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if status == 200:
+                    body = (b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+                            .ljust(size, b" "))
+                else:
+                    body = json.dumps({"status": "error", "errorType": error_type,
+                                       "error": "upstream refused the request with headers "
+                                                f"Authorization: {self.headers.get('Authorization')}"
+                                       }).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self._serve(H)
