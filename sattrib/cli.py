@@ -204,6 +204,8 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
         from .remote import Dashboard
         st = _settings(ctx).settings
         dashboard = Dashboard(st.server_url, st.server_timeout_s, st.server_ca_file)
+        if dashboard.warning():
+            click.echo(dashboard.warning(), err=True)
         rows, where = dashboard.runs(job_id, cluster, restart), st.server_url
     if not rows:
         raise UserError(f"no diagnosis for job {job_id} in {where}",
