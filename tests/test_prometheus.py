@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_server import (Answers, Answers500, NeverAnswers, Prometheus, Recorder, Trickles,
+from prometheus_server import (Answers, Answers500, NeverAnswers, Prometheus, Trickles,
                                closed_port_url, exposition, have_prometheus, openmetrics,
                                self_signed_ca, steps, token_file)
 from sattrib.analysis import analyze_folder
@@ -399,7 +399,7 @@ def test_a_url_with_a_password_is_refused_as_a_setting():
 
 def test_bearer_token_and_basic_auth_are_sent(tmp_path):
     import base64
-    srv = Recorder()
+    srv = Answers()
     try:
         st = _settings(srv.url, prometheus_token_file=token_file(tmp_path, TOKEN))
         got = prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 10)
