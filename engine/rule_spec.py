@@ -5,12 +5,13 @@ attributes, hashable, picklable without pydantic), which is what the engine and 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .models import Record
-from .taxonomy import Action, Category, Role, Source
+from .public import KINDS
+from .taxonomy import Action, Blame, Category, Role, Source
 
 
 class _Strict(BaseModel):
@@ -47,11 +48,17 @@ class Rule(_Strict):
     id: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
     title: str
     category: Optional[Category] = None      # None only for pure context/locator rules
+    # Whose fault the category is here, where the line says otherwise than the category's
+    # own blame (taxonomy.BLAME): the driver's own mismatch is the machine's software_incompat.
+    blame: Optional[Blame] = None
     role: Role
     source: list[Source] = Field(min_length=1)  # sources a line must come from to count
     pattern: str
     ignore_case: bool = False
     explain: str                             # template over captures, {node} {rank} {gpu}
+    # The captures the template shows, each with its kind (engine/public.py): summaries are
+    # public, so every other capture (a message, a value, a path) stays out of them.
+    public: dict[str, Literal[KINDS]] = Field(default_factory=dict)
     action: Action = Action.none
     # Engine hook that refines the hit (e.g. "xid" applies the Xid catalog). Names a function
     # in engine.decode; the rule says what the line is, the decoder adds what the catalog knows.
@@ -85,6 +92,12 @@ class Rule(_Strict):
     @classmethod
     def _one_or_many(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _blame_needs_category(self):
+        if self.blame is not None and self.category is None:
+            raise ValueError("blame says whose fault the rule's category is: it needs a category")
+        return self
 
 
 def record(v):

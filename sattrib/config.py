@@ -24,10 +24,11 @@ from .collectors.prometheus import DEFAULT_SERIES as _PROM_SERIES
 
 def Field(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
           ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
-          pattern: Optional[str] = None):
-    """A setting's default and bounds (the subset of pydantic's `Field` used here)."""
-    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("pattern", pattern))
-              if v is not None}
+          pattern: Optional[str] = None, one_or_many: Optional[bool] = None):
+    """A setting's default and bounds (the subset of pydantic's `Field` used here);
+    `one_or_many`: a list setting that may also be given as its one string."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("pattern", pattern),
+                                ("one_or_many", one_or_many)) if v is not None}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=bounds)
 
 
@@ -61,9 +62,9 @@ class Settings:
     # -- hooks (node Epilog and EpilogSlurmctld) ----------------------------------------------
     epilog_budget_s: float = Field(20.0, gt=0)
     probe_timeout_s: float = Field(8.0, gt=0)
-    journal_dir: str = ""                      # read journals from here (journalctl --directory)
+    journal_dir: str = ""                      # journalctl --directory; %n = the node
     journal_margin_s: float = Field(600.0, ge=0)
-    journal_lookback_s: float = Field(86400.0, ge=0)   # when the job's start is unknown
+    journal_lookback_s: float = Field(3600.0, ge=0, le=3600)   # when the job's start is unknown
     ib_sysfs_root: str = "/sys/class/infiniband"
     probe_path: str = ""        # prepended to PATH for probes (nvidia-smi, dcgmi, journalctl)
     log_dir: str = SYSTEM_LOG
@@ -120,6 +121,7 @@ class Settings:
     serve_evidence_text: Literal["admins", "all", "none"] = "admins"
     serve_admins: list[str] = Field(default_factory=lambda: ["root"])
     serve_trusted_user_header: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9-]*)?$")
+    serve_trusted_proxy: list[str] = Field(default_factory=list, one_or_many=True)
 
     # -- login nodes: `sattrib JOBID` through the controller's dashboard -----------------------
     server_url: str = ""                       # the dashboard's base URL; empty: local only
@@ -157,6 +159,16 @@ def _plain_url(url: str, instead: str = ": use prometheus_user and prometheus_pa
     return url
 
 
+def _addresses(values: list[str]) -> list[str]:
+    import ipaddress
+    for v in values:
+        try:
+            ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address (or network)") from None
+    return values
+
+
 def _known_zone(tz: str) -> str:
     try:
         utc_offset(tz, 0)
@@ -168,7 +180,7 @@ def _known_zone(tz: str) -> str:
 _VALIDATORS = {"prometheus_url": _plain_url, "prometheus_ui_url": _plain_url,
                "notify_url": _plain_url, "dashboard_url": _plain_url,
                "server_url": lambda url: _plain_url(url, instead=""),
-               "timezone": _known_zone}
+               "timezone": _known_zone, "serve_trusted_proxy": _addresses}
 _HINTS = typing.get_type_hints(Settings)
 Settings.model_fields = {f.name: f for f in dataclasses.fields(Settings)}
 
@@ -206,6 +218,8 @@ def _checked(f: dataclasses.Field, hint: Any, v: Any) -> Any:
         if "pattern" in f.metadata and not re.match(f.metadata["pattern"], v):
             raise ValueError(f"must match {f.metadata['pattern']}")
     elif typing.get_origin(hint) is list:
+        if isinstance(v, str) and f.metadata.get("one_or_many"):
+            v = [v]
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ValueError("must be a list of strings")
         v = list(v)
@@ -214,13 +228,6 @@ def _checked(f: dataclasses.Field, hint: Any, v: Any) -> Any:
 
 
 ENV_PREFIX = "SATTRIB_"
-
-# What the hooks read from their environment, besides SATTRIB_CONFIG (the installed wrappers
-# set it): root runs them, and a setting such as probe_path (prepended to root's PATH) belongs
-# in the root-owned config file, not in whatever environment slurmd or slurmctld was started
-# with. journal_dir only chooses which journal files are read, and lets one host stand in for
-# several nodes (each node's Epilog environment names its own journal folder).
-HOOK_ENV_KEYS = ("journal_dir",)
 
 
 def _coerce(name: str, raw: str) -> Any:
@@ -308,8 +315,12 @@ def load(flags: Optional[dict] = None, path: Optional[Path] = None,
 
 def load_for_hook(env: Optional[dict] = None) -> Loaded:
     """The settings as the hooks read them: never fails, and reads from the environment only
-    SATTRIB_CONFIG and HOOK_ENV_KEYS."""
-    return load(env=os.environ if env is None else env, lenient=True, env_keys=HOOK_ENV_KEYS)
+    SATTRIB_CONFIG (the installed wrappers set it). Root runs the hooks, and every setting
+    (probe_path is prepended to root's PATH, journal_dir chooses which journal root reads and
+    hands on) belongs in the root-owned config file, not in whatever environment slurmd or
+    slurmctld, or a wrapper around them, passes on. One host standing in for several nodes
+    names each node's journal with `%n` in journal_dir."""
+    return load(env=os.environ if env is None else env, lenient=True, env_keys=())
 
 
 def utc_offset(tz: str, at: Optional[float]) -> int:

@@ -7,7 +7,8 @@ import os
 import click
 
 from .engine.hostlist import compress
-from .engine.taxonomy import INFRASTRUCTURE, Category
+from .engine.taxonomy import INFRASTRUCTURE, Blame, Category, blame_of
+from .escape import visible_all
 
 MAX_EVIDENCE_LINES = 8
 MAX_SYMPTOMS = 8
@@ -65,7 +66,8 @@ def _acted(acted: dict) -> list[str]:
 def render(d: dict, cluster: str | None = None, run: tuple | None = None,
            acted: dict | None = None) -> str:
     """`cluster`: the cluster it is stored under; `run`: (n, of) for a job that ran several
-    times."""
+    times. Every field is shown with its control characters escaped: users wrote them."""
+    d, cluster, acted = visible_all(d), visible_all(cluster), visible_all(acted)
     out: list[str] = []
     job = d.get("job") or {}
     head = f"Job {d.get('job_id') or '?'}"
@@ -109,7 +111,8 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
             label = "in your code:" if i == 0 else "called from: "
             out.append(f"  {label} " + _c(f"{f['file']}:{f['line']}", bold=i == 0) +
                        f" in {f['function']}")
-        if c.get("trust") == "job_output" and Category(c["category"]) in INFRASTRUCTURE:
+        if (c.get("trust") == "job_output"
+                and blame_of(c["category"], c.get("blame")) == Blame.machine):
             out.append("  evidence: the job's own output only (no kernel, GPU or scheduler record)")
         if c.get("first_seen"):
             out.append(f"  first seen {c['first_seen']}")

@@ -245,7 +245,100 @@ def m008_filter_scan_index(db: sqlite_utils.Database):
 
 
 @migrations()
-def m009_notify_groups(db: sqlite_utils.Database):
+def m009_blame(db: sqlite_utils.Database):
+    """Whose fault each root cause is, written from engine/taxonomy.py so that the hotspots,
+    `sattrib list --infra`, the node and GPU pages and the drain list read one stored answer:
+    blame and trust of the root cause, machine_fault (blamed on the machine, on evidence the job
+    did not write) and out_of_service (its action code empties the node). Rows already stored
+    are filled from their diagnosis: one made before causes carried a blame takes its
+    category's, and one made before they carried a trust takes its evidence's sources."""
+    for col, kind in (("blame", str), ("trust", str), ("machine_fault", int),
+                      ("out_of_service", int)):
+        db["diagnoses"].add_column(col, kind)
+    rows = db.execute("""
+        select d.id, d.category, d.action_code,
+               json_extract(d.diagnosis_json, '$.root_cause.blame'),
+               json_extract(d.diagnosis_json, '$.root_cause.trust'),
+               case when json_extract(d.diagnosis_json, '$.root_cause.trust') is null then
+                 (select group_concat(e.source) from evidence e
+                  where e.diagnosis_id = d.id and e.eid in (
+                    select value from json_each(d.diagnosis_json, '$.root_cause.evidence')))
+               end
+        from diagnoses d where json_valid(d.diagnosis_json)""").fetchall()
+    db.conn.executemany(
+        "update diagnoses set blame = :blame, trust = :trust, machine_fault = :machine_fault, "
+        "out_of_service = :out_of_service where id = :id",
+        [dict(cause_columns(category and {"category": category, "blame": blame,
+                                          "trust": trust or _trust_of(sources)}, action_code),
+              id=did)
+         for did, category, action_code, blame, trust, sources in rows])
+
+
+def cause_columns(root: Optional[dict], action_code: Optional[str]) -> dict:
+    """The stored columns that say whose fault a root cause is (see m009_blame)."""
+    from .engine.taxonomy import blame_of, machine_fault, out_of_service
+    blame = blame_of(root["category"], root.get("blame")).value if root else None
+    trust = (root or {}).get("trust")
+    return {"blame": blame, "trust": trust,
+            "machine_fault": int(bool(trust) and machine_fault(blame, trust)),
+            "out_of_service": int(out_of_service(action_code))}
+
+
+def _trust_of(sources: Optional[str]) -> Optional[str]:
+    """The most trusted of a cause's evidence sources (comma list), as the engine decides it."""
+    from .engine.taxonomy import TRUST, Source, most_trusted
+    known = {s.value for s in Source}
+    trust = most_trusted(TRUST[Source(s)] for s in (sources or "").split(",") if s in known)
+    return trust.value if trust else None
+
+
+@migrations()
+def m010_public_summaries(db: sqlite_utils.Database):
+    """Summaries stored before they were built from fields can quote a user's line (an
+    exception's value, a path) to every dashboard visitor: each stored cause's summary, the
+    explanation and the summary column are rewritten from the cause's fields. Re-analysing a
+    kept bundle (`sattrib analyze BUNDLE --store`) gives the full summary back."""
+    conn, last = db.conn, -1
+    while True:
+        rows = conn.execute("SELECT rowid, id, diagnosis_json FROM diagnoses WHERE rowid > ? "
+                            "AND diagnosis_json IS NOT NULL ORDER BY rowid LIMIT 1000",
+                            [last]).fetchall()
+        if not rows:
+            return
+        for rowid, did, text in rows:
+            last = rowid
+            try:
+                d = json.loads(text)
+            except ValueError:
+                continue
+            causes = ([d["root_cause"]] if d.get("root_cause") else []) + (
+                d.get("candidates") or [])
+            if not causes:
+                continue
+            for c in causes:
+                c["summary"] = _field_summary(c)
+            said = "; ".join(c["summary"] for c in causes)
+            d["explanation"] = f"{said}." if d.get("root_cause") else f"Several causes fit: {said}."
+            conn.execute("UPDATE diagnoses SET summary = ?, diagnosis_json = ? WHERE rowid = ?",
+                         [(d.get("root_cause") or {}).get("summary") or d["explanation"],
+                          json.dumps(d, sort_keys=True), rowid])
+            conn.executemany("UPDATE candidates SET summary = ? WHERE diagnosis_id = ? "
+                             "AND idx = ?", [(c["summary"], did, i) for i, c in
+                                             enumerate(d.get("candidates") or [])])
+
+
+def _field_summary(cause: dict) -> str:
+    """A cause as its fields say it: `application_error on node-02 rank 3`."""
+    from .engine.public import WITHHELD, shown
+    node, gpu = shown("name", cause.get("node")), shown("pci", cause.get("gpu"))
+    parts = [str(cause.get("category") or "cause"), f"on {node}" if node != WITHHELD else "",
+             f"GPU {gpu}" if gpu != WITHHELD else "",
+             f"rank {cause['rank']}" if isinstance(cause.get("rank"), int) else ""]
+    return " ".join(p for p in parts if p)
+
+
+@migrations()
+def m011_notify_groups(db: sqlite_utils.Database):
     """The job array a notification belongs to (actions.group_key, "<cluster>/<array job id>"):
     one array's failures make one webhook, the rest go out in a summary."""
     db["actions"].add_column("group_key", str)
@@ -321,6 +414,7 @@ class Store:
             "rules_version": d.get("rules_version"), "engine_version": d.get("engine_version"),
             "gpu_uuid": root.get("gpu_uuid"), "gpu_serial": root.get("gpu_serial"),
             "root_rule": root.get("rule"),
+            **cause_columns(d.get("root_cause"), d.get("action_code")),
             "updated_at": now, "bundle_path": bundle_path,
             "diagnosis_json": json.dumps(d, sort_keys=True),
         }

@@ -10,6 +10,15 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "cases"
 
 
+def folder(root: Path, files: dict) -> Path:
+    """An evidence folder under root: {relative path: text}."""
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
 class Hook:
     """A real local HTTP server that keeps every JSON body POSTed to it."""
 

@@ -3,17 +3,10 @@ actions, hardware over program faults, message catalogs. Each test builds a smal
 folder with lines in the shapes the emitters print."""
 import pytest
 
+from helpers import folder
 from sattrib.analysis import analyze_folder
 from sattrib.engine.catalog import CatalogError, read_catalog
 from sattrib.engine.rules import RuleError, load_rules
-
-
-def folder(tmp_path, files: dict):
-    for rel, text in files.items():
-        p = tmp_path / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return tmp_path
 
 
 def run(tmp_path, files, rules):
@@ -233,4 +226,4 @@ def test_two_failing_tasks_on_two_nodes_place_no_unranked_error(tmp_path, rules)
                        "srun: error: gn08: task 1: Exited with exit code 1\n"}, rules)
     assert cause(d) == ("attributed", "application_error", None)     # not a guess between two
     assert d.root_cause.rank is None
-    assert d.root_cause.summary == "a rank raised IndexError: list index out of range"  # no "?"
+    assert d.root_cause.summary == "a rank raised IndexError"          # no "?", no message

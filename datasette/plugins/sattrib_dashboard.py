@@ -5,10 +5,12 @@ Everything shown comes from the diagnoses database through read-only connections
 dashboard's user may only read the file). Text from logs is written by users; it reaches the
 page only through Jinja's autoescaping or markupsafe.escape, and only for actors that may view
 the evidence table (the `allow` blocks `sattrib serve` writes; serve_evidence_text). Writes
-answer 405; /-/databases shows no file paths; an actor comes from `--root` or, when the site
-names one, from its reverse proxy's user header.
+answer 405; /-/databases shows no file paths and /-/metadata no actor names; an actor comes
+from `--root` or, when the site names one, from its reverse proxy's user header, believed only
+on a request that the proxy itself made (its address in serve_trusted_proxy).
 """
 import asyncio
+import ipaddress
 import json
 import os
 import re
@@ -21,6 +23,8 @@ from datasette.database import Database
 from datasette.utils import tilde_encode
 from datasette.utils.asgi import NotFound, Response
 from markupsafe import Markup, escape
+
+from sattrib.engine.taxonomy import Action, out_of_service
 
 XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+),")
 WRITE_ACTIONS = {"insert-row", "delete-row", "update-row", "create-table", "drop-table",
@@ -48,6 +52,7 @@ def _diag_path(cluster, job, restart):
 
 
 HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"      # set by `sattrib serve`
+PROXY_ENV = "SATTRIB_DASHBOARD_TRUSTED_PROXY"            # its addresses, comma-separated
 DB_NAME = "diagnoses"
 READ_METHODS = ("GET", "HEAD")
 
@@ -59,16 +64,37 @@ def permission_allowed(action):
     return None
 
 
+def from_trusted_proxy(request) -> bool:
+    """Did the site's reverse proxy itself make this request? The socket's peer address (uvicorn
+    is told to believe no X-Forwarded-For) against serve_trusted_proxy; none named: never."""
+    client = request.scope.get("client")
+    try:
+        peer = ipaddress.ip_address(client[0])
+    except (TypeError, IndexError, ValueError):
+        return False                      # a Unix socket, or no peer at all
+    peer = getattr(peer, "ipv4_mapped", None) or peer
+    for net in os.environ.get(PROXY_ENV, "").split(","):
+        try:
+            if net.strip() and peer in ipaddress.ip_network(net.strip(), strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 @hookimpl
 def actor_from_request(request):
     header = os.environ.get(HEADER_ENV, "").lower()
-    user = request.headers.get(header, "").strip() if header else ""
+    if not header or not from_trusted_proxy(request):
+        return None                       # anyone else may send that header too
+    user = request.headers.get(header, "").strip()
     return {"id": user, "via": "proxy header"} if user else None
 
 
 @hookimpl
 def asgi_wrapper():
-    """Nothing here writes: every method but GET and HEAD is 405 (logging out excepted)."""
+    """Nothing here writes: every method but GET and HEAD is 405 (logging out excepted). CSV
+    answers have their formula cells defused."""
     def wrap(app):
         async def read_only(scope, receive, send):
             if (scope["type"] == "http" and scope["method"] not in READ_METHODS
@@ -77,9 +103,52 @@ def asgi_wrapper():
                                     "read-only\n", status=405,
                                     headers={"Allow": ", ".join(READ_METHODS)}).asgi_send(send)
                 return
+            if scope["type"] == "http" and scope["path"].endswith(".csv"):
+                await app(scope, receive, csv_defuser(send))
+                return
             await app(scope, receive, send)
         return read_only
     return wrap
+
+
+def defuse_csv(data: bytes) -> bytes:
+    """The CSV with every cell a spreadsheet would run as a formula (`=`, `+`, `-`, `@`...
+    first: a job name, a user, a summary) given a `'` before it (sattrib.escape)."""
+    import csv
+    import io
+    from sattrib.escape import spreadsheet_cell
+    out = io.StringIO()
+    writer = csv.writer(out)                      # the dialect Datasette writes
+    for row in csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape"), newline="")):
+        writer.writerow([spreadsheet_cell(cell) for cell in row])
+    return out.getvalue().encode("utf-8", "surrogateescape")
+
+
+def csv_defuser(send):
+    """An ASGI `send` that holds a CSV answer (one page of rows: CSV streaming is off) and
+    sends it defused. Datasette writes CSV itself and has no hook for its cells; answers that
+    are not CSV (an error page) pass unchanged."""
+    held: dict = {"start": None, "body": []}
+
+    async def hold(message):
+        start = held["start"]
+        if message["type"] == "http.response.start":
+            held["start"] = message
+            return
+        if message["type"] != "http.response.body" or start is None:
+            await send(message)
+            return
+        held["body"].append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        data = b"".join(held["body"])
+        kind = dict(start.get("headers") or []).get(b"content-type", b"")
+        if start["status"] == 200 and kind.startswith((b"text/plain", b"text/csv")):
+            data = defuse_csv(data)
+        headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+        await send(dict(start, headers=headers + [(b"content-length", str(len(data)).encode())]))
+        await send({"type": "http.response.body", "body": data})
+    return hold
 
 
 class ReadOnlyDatabase(Database):
@@ -134,6 +203,27 @@ async def databases_page(datasette, request):
                            "data_json": json.dumps(data, indent=4)}, request=request))
 
 
+def _without_allow(md):
+    """Metadata without its `allow` blocks: they name the admins, whom a visitor could then
+    impersonate wherever a proxy header is believed."""
+    if isinstance(md, dict):
+        return {k: _without_allow(v) for k, v in md.items() if k not in ("allow", "allow_sql")}
+    if isinstance(md, list):
+        return [_without_allow(v) for v in md]
+    return md
+
+
+async def metadata_page(datasette, request):
+    """/-/metadata without the names of those who may read evidence text."""
+    await datasette.ensure_permissions(request.actor, ["view-instance"])
+    data = _without_allow(datasette.metadata())
+    if request.url_vars.get("format") == "json":
+        return Response.json(data)
+    return Response.html(await datasette.render_template(
+        "show_json.html", {"filename": "metadata.json",
+                           "data_json": json.dumps(data, indent=4)}, request=request))
+
+
 async def may_read_text(datasette, actor, db) -> bool:
     return await datasette.permission_allowed(actor, "view-table", (db.name, "evidence"),
                                               default=True)
@@ -144,7 +234,7 @@ LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_
           "culprit_node": "Culprit node", "culprit_gpu": "Culprit GPU", "gpu": "GPU",
           "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
           "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
-          "workload_failures_not_counted": "Workload failures (not counted)",
+          "not_counted": "Not the node's fault (not counted)",
           "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
           "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
           "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
@@ -416,15 +506,23 @@ async def _acted(db, did):
     return {"actions": acts, "escalation": esc}
 
 
-# Infrastructure faults (the node's or GPU's, not the user's program): as the hotspots count them.
-INFRA = ("(family in ('gpu', 'nvlink', 'network', 'storage') "
-         "or category in ('software_incompat', 'scheduler_node_failure'))")
-NODE_JOBS = f"""
+# The part a node played in a failed job. Whether a cause is the node's is the stored
+# machine_fault column (sattrib/store.py, from engine/taxonomy.py), as the hotspots count it;
+# another cause on it is the job's own, the site's, the scheduler's, or a machine fault that only
+# the job's output reports ("unconfirmed"). Each role is a lane of its history: (label, kind).
+NODE_ROLES = {"cause": ("caused (infra)", "infra"),
+              "cause (unconfirmed)": ("job output only", "workload"),
+              "cause (workload)": ("caused (job)", "workload"),
+              "cause (site_environment)": ("caused (site)", "workload"),
+              "cause (scheduler)": ("caused (scheduler)", "workload"),
+              "took part": ("took part", "symptom")}
+NODE_JOBS = """
     select id, cluster, job_id, restart, job_name, user, partition, outcome, category,
            culprit_node, culprit_gpu, summary, job_end, created_at,
            case when culprit_node is not :node then 'took part'
-                when {INFRA} then 'cause'
-                else 'cause (workload)' end as role
+                when machine_fault then 'cause'
+                when blame = 'machine' then 'cause (unconfirmed)'
+                else 'cause (' || blame || ')' end as role
     from diagnoses
     where culprit_node = :node
        or id in (select diagnosis_id from job_nodes where node = :node)
@@ -440,21 +538,19 @@ async def node_page(datasette, request):
         "join diagnoses d on d.id = m.diagnosis_id where m.node = ? group by m.source "
         "order by n desc", [node])).rows]
     gpus = [dict(r) for r in (await db.execute(
-        f"select culprit_gpu as gpu, max(gpu_serial) as serial, max(gpu_uuid) as uuid, "
-        f"count(*) as n from diagnoses where culprit_node = ? and culprit_gpu is not null "
-        f"and {INFRA} group by culprit_gpu order by n desc", [node])).rows]
+        "select culprit_gpu as gpu, max(gpu_serial) as serial, max(gpu_uuid) as uuid, "
+        "count(*) as n from diagnoses where culprit_node = ? and culprit_gpu is not null "
+        "and machine_fault group by culprit_gpu order by n desc", [node])).rows]
     if request.url_vars.get("format"):
         return Response.json({"node": node, "jobs": jobs, "gpus_blamed": gpus,
                               "missing_telemetry": missing})
     # Its history: one lane per part it played, a mark per failed job at its failure time.
-    kinds = {"cause": "infra", "cause (workload)": "workload", "took part": "symptom"}
     history = swimlane(
-        [(r["role"], r["job_end"] or r["created_at"], kinds[r["role"]],
+        [(r["role"], r["job_end"] or r["created_at"], NODE_ROLES[r["role"]][1],
           f"{r['job_end'] or r['created_at']} · job {r['job_id']} · "
           f"{r['category'] or r['outcome']}") for r in jobs],
-        [(role, label, None) for role, label in (
-            ("cause", "caused (infra)"), ("cause (workload)", "caused (job)"),
-            ("took part", "took part")) if any(r["role"] == role for r in jobs)])
+        [(role, label, None) for role, (label, _) in NODE_ROLES.items()
+         if any(r["role"] == role for r in jobs)])
     return Response.html(await datasette.render_template(
         "sattrib_node.html", {
             "node": node, "jobs": jobs, "missing": missing, "gpus": gpus, "history": history,
@@ -466,12 +562,13 @@ async def node_page(datasette, request):
 
 
 # -- a GPU by serial or UUID, wherever it was installed -----------------------------------------
-GPU_DIAGNOSES = f"""
+GPU_DIAGNOSES = """
     select id, cluster, job_id, restart, outcome, category, family,
            culprit_node as node, culprit_gpu as pci, gpu_serial as serial, gpu_uuid as uuid,
            coalesce(first_seen, job_end, created_at) as failed_at, summary, action_code,
            user, partition, created_at,
-           case when {INFRA} then 'infrastructure' else 'workload' end as fault
+           case when machine_fault then 'infrastructure'
+                when blame = 'machine' then 'unconfirmed' else blame end as fault
     from diagnoses
     where gpu_serial in (select value from json_each(:serials))
        or gpu_uuid in (select value from json_each(:uuids))
@@ -525,8 +622,9 @@ def gpu_path(datasette, key) -> str:
 
 
 # -- the home page: the admin's first five seconds ----------------------------------------------
-# Actions that take a node or GPU out of service: these put a node on the drain list.
-DRAIN_ACTIONS = ("reset_gpu", "reboot_node", "drain_node")
+# Actions that take a node or GPU out of service (engine/taxonomy.py, stored as the
+# out_of_service column): these put a node on the drain list, as they make the worker drain it.
+DRAIN_ACTIONS = tuple(a.value for a in Action if out_of_service(a))
 DRAIN_DAYS = 7
 SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SINCE = "strftime('%Y-%m-%dT%H:%M:%SZ', 'now', :ago)"
@@ -557,11 +655,12 @@ async def summary(db) -> dict:
                                        order by created_at desc, id desc) as n
           from diagnoses
           where outcome = 'attributed' and culprit_node is not null and created_at >= {SINCE})
-        select culprit_node as node, culprit_gpu as gpu, cluster, job_id, restart, category,
-               action_code, action, created_at
-        from latest
-        where n = 1 and {INFRA} and action_code in ({", ".join(f"'{a}'" for a in DRAIN_ACTIONS)})
-        order by created_at desc, node""", {"ago": f"-{DRAIN_DAYS} days"})
+        select l.culprit_node as node, l.culprit_gpu as gpu, l.cluster, l.job_id, l.restart,
+               l.category, coalesce(e.to_action, l.action_code) as action_code, l.action,
+               l.created_at
+        from latest l left join escalations e on e.diagnosis_id = l.id
+        where l.n = 1 and l.machine_fault and (l.out_of_service or e.to_action is not null)
+        order by l.created_at desc, node""", {"ago": f"-{DRAIN_DAYS} days"})
     for r in drain:
         ok = SLURM_NAME.match(r["node"]) and SLURM_NAME.match(str(r["job_id"]))
         r["scontrol"] = (f'scontrol update NodeName={r["node"]} State=DRAIN '
@@ -679,4 +778,5 @@ def register_routes():
         (r"^/node/(?P<node>[^/]+?)(?P<format>\.json)?$", node_page),
         (r"^/gpu/(?P<gpu>[^/]+?)(?P<format>\.json)?$", gpu_page),
         (r"^/-/databases(\.(?P<format>json))?$", databases_page),
+        (r"^/-/metadata(\.(?P<format>json))?$", metadata_page),
     ]
