@@ -126,6 +126,7 @@ def storm(slurm_cluster_factory_module, install, nodes, hook, tmp_path_factory):
     Path(f"/proc/{(c.dir / 'run' / 'slurmctld.pid').read_text().strip()}/autogroup").write_text(
         "-5")
     install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "journal_dir": nodes.journal_pattern,
                              "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
                              "notify_max_per_hour": 50, "worker_concurrency": CONCURRENCY,
                              "drain": "off"}
