@@ -39,14 +39,14 @@ import run as bench  # noqa: E402
 MB = 1_000_000
 
 NODE_SIDE = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 t0 = time.monotonic()
 from sattrib.analysis import reader_limits
 from sattrib.collectors import output_lines
 from sattrib.config import Settings
 paths = sys.argv[1:]
 st = Settings()
-out, notes = output_lines.ship(paths, None, st.output_cap_mb << 20, reader_limits(st),
+out, notes = output_lines.ship(paths, os.getuid(), st.output_cap_mb << 20, reader_limits(st),
                                [], time.monotonic() + st.epilog_budget_s)
 print(json.dumps({"wall_s": time.monotonic() - t0, "files": len(paths), "shipped": len(out),
                   "notes": notes, "chars": sum(len(o["lines"]) for o in out),
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         pairs = [(str(p), copy_dir / p.relative_to(job)) for p in ranks]
         t = time.perf_counter()
         notes: list = []
-        slurm_job.copy_outputs(pairs, None, st.output_cap_mb << 20, notes,
+        slurm_job.copy_outputs(pairs, os.getuid(), st.output_cap_mb << 20, notes,
                                time.monotonic() + 3600)
         copy_s = time.perf_counter() - t
         r_copy, want = analyze(cmd, copy_dir)

@@ -1,7 +1,9 @@
 """The node-side snapshot the Epilog takes for a failed job: bounded, node-local evidence.
 
 - kernel journal: `journalctl _TRANSPORT=kernel -o json` from the job's start (minus a margin)
-  to now; `dmesg` when there is no journal. Kernel evidence comes only from here.
+  to now; `dmesg` when there is no journal. Kernel evidence comes only from here. The window is
+  the job's: when its start is not known, the last LOOKBACK_MAX_S at most (the notes say so),
+  never a day of other jobs' kernel lines (their task and file names).
 - `nvidia-smi -q -x`, `dcgmi health -c -j` (when installed), InfiniBand port state and error
   counters from sysfs.
 Every command runs with its own deadline inside one overall budget (collectors.probe). A probe
@@ -22,6 +24,8 @@ from .spool import FORMAT
 JOURNAL_MAX_BYTES = 32 << 20
 JOURNAL_MAX_LINES = 50_000
 SMI_MAX_BYTES = 16 << 20
+LOOKBACK_MAX_S = 3600.0        # of kernel log taken when the job's start is unknown
+KERNEL_FILES = ("journal.jsonl", "dmesg.txt")    # the names kernel_journal gives the node's log
 
 
 def _text(b: bytes) -> str:
@@ -87,10 +91,17 @@ def ib_ports(root: str = "/sys/class/infiniband", max_files: int = 4000) -> str:
 
 def collect(job_id: str, restart: int, node: str, uid: Optional[int], start: Optional[float],
             deadline: float, *, probe_timeout: float = 8.0, journal_dir: str = "",
-            journal_margin: float = 600.0, journal_lookback: float = 86400.0,
+            journal_margin: float = 600.0, journal_lookback: float = LOOKBACK_MAX_S,
             ib_root: str = "/sys/class/infiniband", env_exit: str = "") -> dict:
     now = time.time()
-    since = (start - journal_margin) if start else (now - journal_lookback)
+    notes: list[str] = []
+    if start:
+        since = start - journal_margin
+    else:
+        lookback = min(journal_lookback, LOOKBACK_MAX_S)
+        since = now - lookback
+        notes.append(f"the job's start time is not known here: kernel log of the last "
+                     f"{lookback / 60:.0f} min only")
     probes: list[dict] = []
     files: dict[str, str] = {}
 
@@ -120,5 +131,5 @@ def collect(job_id: str, restart: int, node: str, uid: Optional[int], start: Opt
     return {
         "format": FORMAT, "job_id": str(job_id), "restart": int(restart), "node": node,
         "host": socket.gethostname(), "uid": uid, "taken_at": now, "since": since,
-        "exit": env_exit, "probes": probes, "files": files,
+        "exit": env_exit, "probes": probes, "files": files, "notes": notes,
     }

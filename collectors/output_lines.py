@@ -226,11 +226,12 @@ MAX_SHIP = 64 << 20            # characters of extracts one node ships in its sn
 
 
 def ship(paths: list, owner: Optional[int], cap: int, limits: Limits, rules_dirs: list,
-         deadline: float) -> tuple[list, list]:
+         deadline: float, gid: Optional[int] = None) -> tuple[list, list]:
     """What a node's Epilog ships for its own output files: (outputs, notes), outputs being
-    [{"source", "lines"}]. The rules load and every file is read in a child process killed
-    at the deadline (slurm_job.in_child); a file not finished by then, or past MAX_SHIP, is
-    left to the controller, which copies it."""
+    [{"source", "lines"}]. The rules load (as root) and every file is read (as the job's user
+    `owner`, `gid`: reader.become) in a child process killed at the deadline
+    (slurm_job.in_child); a file not finished by then, or past MAX_SHIP, is left to the
+    controller, which copies it."""
     from pathlib import Path
 
     from ..engine.rules import load_rules
@@ -239,15 +240,17 @@ def ship(paths: list, owner: Optional[int], cap: int, limits: Limits, rules_dirs
 
     state: dict = {}
 
+    def setup() -> None:
+        rules = load_rules([Path(d) for d in rules_dirs], lenient_site=True)
+        state.update(reader=FolderReader(rules, limits=limits), version=rules.version)
+
     def work(i: int) -> dict:
-        if not state:
-            rules = load_rules([Path(d) for d in rules_dirs], lenient_site=True)
-            state.update(reader=FolderReader(rules, limits=limits), version=rules.version)
         return extract(paths[i], owner, cap, state["reader"], state["version"])
 
     notes: list = []
     try:
-        done, timed_out = in_child(len(paths), work, deadline)
+        done, timed_out = in_child(len(paths), work, deadline, as_user=(owner, gid),
+                                   setup=setup)
     except OSError as e:
         return [], [f"job output not read on the node: cannot start the reader ({e.strerror})"]
     outputs, total, left = [], 0, 0

@@ -1,16 +1,18 @@
 """Reading untrusted files safely and scanning them for rule literals in bounded memory.
 
-`open_regular` opens without following a symlink and without blocking on a FIFO or device, and
-refuses anything but a regular file (optionally: owned by a given uid). `scan` reads in chunks,
-runs the literal prefilter over each chunk and cuts out only the lines that hit, with a little
-context: the timestamp prefixes of neighbouring lines (to bound the time of a line that has
-none) and, for rules that ask, the next few lines. Files above the size cap are read as head and
-tail; lines longer than `segment_max` are cut around the hit. Memory stays at a few chunks
-whatever the input.
+`open_regular` looks at what a name is before it opens it (O_PATH, no symlink followed) and
+opens only a regular file (optionally: owned by a given uid): a FIFO, a device or a socket is
+never opened, so no driver runs and no writer is released, whoever the caller is. `become`
+gives a child process the job's user's identity before it reads that user's files.
+
+`scan` reads in chunks, runs the literal prefilter over each chunk and cuts out only the lines
+that hit, with a little context: the timestamp prefixes of neighbouring lines (to bound the time
+of a line that has none) and, for rules that ask, the next few lines. Files above the size cap
+are read as head and tail; lines longer than `segment_max` are cut around the hit. Memory stays
+at a few chunks whatever the input.
 """
 from __future__ import annotations
 
-import errno
 import gzip
 import os
 import re
@@ -73,27 +75,63 @@ def _size(n: int) -> str:
 
 def open_regular(path: str, *, dir_fd: Optional[int] = None,
                  owner: Optional[int] = None) -> tuple[int, os.stat_result]:
-    """Open a regular file for reading: no symlinks followed, never blocks on special files."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+    """Open a regular file for reading, having looked at what it is first: the name is opened
+    with O_PATH (which opens nothing: no device driver runs, no FIFO is joined) and without
+    following a last-component link; only a regular file (owned by `owner`, when given) is
+    then opened for reading, through /proc/self/fd, so it is the very file that was checked."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
+        pfd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise SkipFile("is a symbolic link (not followed)") from None
         raise SkipFile(f"cannot open: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
+        st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device"
-                    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise SkipFile(f"is {kind} (not read)")
+            raise SkipFile(_not_regular(st.st_mode))
         if owner is not None and st.st_uid != owner:
             raise SkipFile(f"is owned by uid {st.st_uid}, not the job's user {owner} (not read)")
-    except BaseException:
-        os.close(fd)
-        raise
+        try:
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                         | getattr(os, "O_NOCTTY", 0))
+        except OSError as e:
+            raise SkipFile(f"cannot open: {e.strerror}") from None
+    finally:
+        os.close(pfd)
     return fd, st
+
+
+def _not_regular(mode: int) -> str:
+    kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return f"is {kind} (not followed)" if stat.S_ISLNK(mode) else f"is {kind} (not opened)"
+
+
+NOGROUP = 65534      # the primary group of a user this host does not know
+
+
+def become(uid: Optional[int], gid: Optional[int] = None) -> None:
+    """Give up root for good, in a child process about to read a job's files: the job's uid,
+    its gid (the job's, else the user's own from the password database, else NOGROUP) and the
+    user's supplementary groups (none when this host does not know the user). The kernel then
+    checks every path as that user would be checked: a link into a folder the user cannot
+    enter, or a device only root may open, fails as it would for them. Not root: nothing to
+    give up (the kernel already checks this process's own, lesser, permissions). Raises
+    PermissionError when the job's user is unknown, rather than read as root."""
+    if os.geteuid() != 0 or uid == 0:
+        return
+    if uid is None:
+        raise PermissionError("the job's user is not known: its files are not read as root")
+    import pwd
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        pw = None
+    if gid is None:
+        gid = pw.pw_gid if pw else NOGROUP
+    os.setgroups(os.getgrouplist(pw.pw_name, gid) if pw else [])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
 
 
 def read_head(fd: int, n: int) -> bytes:

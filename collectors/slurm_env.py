@@ -9,10 +9,18 @@ EpilogSlurmctld's environment (slurmctld's job_common_env_vars, 22.05 .. 25.11) 
 the job's name, user and uid, partition, node list, restart count, array ids and, when set,
 SLURM_JOB_STDOUT / SLURM_JOB_STDERR / SLURM_JOB_WORK_DIR (the unexpanded --output patterns).
 That is enough to file a diagnosis under the right job when scontrol cannot reach slurmctld.
+
+Where the node Epilog has no start time (22.05), `spool_start` reads it from slurmd's own
+spool on this node, never from slurmctld: the credential state slurmd saves when the job ends
+(`<SlurmdSpoolDir>/cred_state`) holds, for each job it ran recently, the time it first saw the
+job's credential here, which is when the job started on this node.
 """
 from __future__ import annotations
 
 import os
+import re
+import struct
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -87,3 +95,54 @@ def from_env(env: Mapping[str, str] = os.environ) -> Optional[JobEnv]:
         name=env.get("SLURM_JOB_NAME"), partition=env.get("SLURM_JOB_PARTITION"),
         end=float(end) if end else None, array_job=env.get("SLURM_ARRAY_JOB_ID"),
         array_task=env.get("SLURM_ARRAY_TASK_ID"))
+
+
+SPOOL_DEFAULT = "/var/spool/slurmd"       # SlurmdSpoolDir when slurm.conf does not set it
+CRED_STATE_MAX = 4 << 20
+
+
+def spool_start(env: Mapping[str, str], job_id: str) -> Optional[float]:
+    """When this node started the job, from slurmd's saved credential state; None when it
+    cannot be told (no slurm.conf, another layout, the job not in it)."""
+    from .reader import SkipFile, open_regular
+    node = env.get("SLURMD_NODENAME") or ""
+    spool = slurmd_spool_dir(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf", node)
+    try:
+        fd, st = open_regular(os.path.join(spool, "cred_state"), owner=0)
+    except SkipFile:
+        return None
+    try:
+        data = os.pread(fd, min(st.st_size, CRED_STATE_MAX), 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return cred_state_start(data, job_id)
+
+
+def slurmd_spool_dir(conf: str, node: str) -> str:
+    """SlurmdSpoolDir from slurm.conf (`%n` is the node's name, `%h` the host's)."""
+    try:
+        with open(conf, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        text = ""
+    m = re.findall(r"^\s*SlurmdSpoolDir\s*=\s*(\S+)", text, re.I | re.M)
+    spool = m[-1] if m else SPOOL_DEFAULT
+    return spool.replace("%n", node).replace("%h", os.uname().nodename.split(".")[0])
+
+
+def cred_state_start(data: bytes, job_id: str) -> Optional[float]:
+    """The `ctime` of the job's entry in a cred_state file (Slurm 20.11 .. 22.05: a 32-bit
+    count of job states, then per job its 32-bit id and 64-bit revoke, ctime and expiration
+    times, all big-endian). None when the bytes do not look like that or the job is absent."""
+    if not job_id.isdigit() or len(data) < 4:
+        return None
+    (count,) = struct.unpack_from(">I", data, 0)
+    if len(data) < 4 + 28 * count:
+        return None
+    for i in range(count):
+        jid, _revoked, ctime, _expires = struct.unpack_from(">IQQQ", data, 4 + 28 * i)
+        if jid == int(job_id):
+            return float(ctime) if 1e9 < ctime <= time.time() + 60 else None
+    return None

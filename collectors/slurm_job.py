@@ -9,6 +9,7 @@ blocks open() or read() in the kernel, where no timeout reaches).
 """
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import probe, slurm_state
-from .reader import SkipFile, open_regular
+from .reader import SkipFile, become, open_regular
 
 FINAL_WAIT_STATES = {"COMPLETING", "RUNNING", "CONFIGURING", "SUSPENDED", "STAGE_OUT",
                      "RESIZING", "SIGNALING"}
@@ -218,6 +219,26 @@ def output_paths(info: dict, extra_globs: list, notes: Optional[list] = None,
     return _unique(paths)
 
 
+def output_paths_as_user(user: tuple, deadline: float, info: dict, extra_globs: list,
+                         notes: list, nodes: Optional[list] = None) -> list[str]:
+    """output_paths, looked up by a child process that reads as the job's user (`user` =
+    (uid, gid), in_child): the folders the user named are listed with the user's permissions,
+    never root's, and a folder on a hung mount costs the deadline, not the worker."""
+    def find(_):
+        found: list = []
+        return {"paths": output_paths(info, extra_globs, found, nodes), "notes": found}
+    try:
+        done, _ = in_child(1, find, deadline, as_user=user)
+    except OSError as e:
+        notes.append(f"job output not looked for: {e.strerror}")
+        return []
+    if not done:
+        notes.append("job output not looked for: its folders did not answer in time")
+        return []
+    notes.extend(done[0]["notes"])
+    return done[0]["paths"]
+
+
 def node_output_paths(job, host: str, extra_globs: list, notes: Optional[list] = None
                       ) -> list[str]:
     """The job's output files that belong to this node, as its Epilog sees them: those of a
@@ -246,28 +267,28 @@ def node_output_paths(job, host: str, extra_globs: list, notes: Optional[list] =
     return _unique(paths)
 
 
-def copy_output(src: str, dest: Path, owner: Optional[int], cap: int, notes: list) -> bool:
-    """Copy one output file safely: regular, owned by the job's user, head+tail within cap."""
+def copy_output(src: str, out: int, owner: Optional[int], cap: int, notes: list) -> bool:
+    """Copy one output file safely into the open descriptor `out`: regular, owned by the job's
+    user, head+tail within cap."""
     try:
         fd, st = open_regular(src, owner=owner)
     except SkipFile as e:
         notes.append(f"{src}: {e}")
         return False
     try:
-        with open(dest, "wb") as out:
-            if st.st_size <= cap:
-                pos = 0
-                while pos < st.st_size:
-                    chunk = os.pread(fd, min(8 << 20, st.st_size - pos), pos)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    pos += len(chunk)
-            else:
-                half = cap // 2
-                out.write(os.pread(fd, half, 0))
-                out.write(os.pread(fd, half, st.st_size - half))
-                notes.append(f"{src}: {st.st_size} bytes, kept the first and last {half} bytes")
+        if st.st_size <= cap:
+            pos = 0
+            while pos < st.st_size:
+                chunk = os.pread(fd, min(8 << 20, st.st_size - pos), pos)
+                if not chunk:
+                    break
+                _write_all(out, chunk)
+                pos += len(chunk)
+        else:
+            half = cap // 2
+            _write_all(out, os.pread(fd, half, 0))
+            _write_all(out, os.pread(fd, half, st.st_size - half))
+            notes.append(f"{src}: {st.st_size} bytes, kept the first and last {half} bytes")
     except OSError as e:
         notes.append(f"{src}: cannot copy ({e.strerror})")
         return False
@@ -276,11 +297,23 @@ def copy_output(src: str, dest: Path, owner: Optional[int], cap: int, notes: lis
     return True
 
 
-def in_child(count: int, work, deadline: float) -> tuple[dict, bool]:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def in_child(count: int, work, deadline: float, as_user: Optional[tuple] = None,
+             setup=None) -> tuple[dict, bool]:
     """work(i) -> a JSON-able dict, for i in range(count), in a child process: {i: result}
     for those it finished, and whether the deadline stopped it. At the deadline the child is
     killed and abandoned (never waited for): a file on a hung NFS mount blocks open() or
-    read() in the kernel, where no timeout reaches."""
+    read() in the kernel, where no timeout reaches.
+
+    `setup()`, when given, runs first in the child with this process's privileges (loading the
+    rules); then, with `as_user` = (uid, gid) of the job's user, the child gives up root for
+    that user (reader.become) before any work(i) looks at a path the user chose. Raises OSError
+    when the child cannot start or cannot become the job's user."""
     if not count:
         return {}, False
     r, w = os.pipe()
@@ -293,14 +326,11 @@ def in_child(count: int, work, deadline: float) -> tuple[dict, bool]:
     if pid == 0:                                     # the child: work, report, exit
         try:
             os.close(r)
-            for i in range(count):
-                out = (json.dumps({"i": i, "r": work(i)}) + "\n").encode()
-                while out:
-                    out = out[os.write(w, out):]
+            _child(count, work, w, as_user, setup)
         finally:
             os._exit(0)
     os.close(w)
-    buf, done, timed_out = b"", {}, False
+    buf, done, timed_out, failed = b"", {}, False, None
     try:
         while True:
             left = deadline - time.monotonic()
@@ -317,7 +347,10 @@ def in_child(count: int, work, deadline: float) -> tuple[dict, bool]:
             *lines, buf = buf.split(b"\n")
             for ln in lines:
                 rec = json.loads(ln)
-                done[rec["i"]] = rec["r"]
+                if "failed" in rec:
+                    failed = rec["failed"]
+                else:
+                    done[rec["i"]] = rec["r"]
     finally:
         os.close(r)
         if len(done) < count:
@@ -331,40 +364,71 @@ def in_child(count: int, work, deadline: float) -> tuple[dict, bool]:
                 time.sleep(0.01)
         except ChildProcessError:
             pass
+    if failed is not None:
+        raise OSError(errno.EPERM, failed)
     return done, timed_out
 
 
-def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
-                 deadline: float) -> int:
-    """copy_output for each (src, dest) in a child process (in_child); returns how many were
-    copied. At the deadline the file it was on and those after it are noted as not read, and
-    their partial copies removed."""
-    t0 = time.monotonic()
-    if not pairs:
-        return 0
-
-    def work(i):
-        sub: list = []
-        src, dest = pairs[i]
-        return {"ok": copy_output(src, Path(dest), owner, cap, sub), "notes": sub}
+def _child(count: int, work, w: int, as_user: Optional[tuple], setup) -> None:
+    def send(rec: dict) -> None:
+        _write_all(w, (json.dumps(rec) + "\n").encode())
     try:
-        done, timed_out = in_child(len(pairs), work, deadline)
+        if setup is not None:
+            setup()
+        if as_user is not None:
+            become(*as_user)
     except OSError as e:
-        notes.append(f"job output not read: cannot start the reader ({e.strerror})")
-        return 0
-    secs = time.monotonic() - t0
+        send({"failed": e.strerror or str(e)})
+        return
+    for i in range(count):
+        send({"i": i, "r": work(i)})
+
+
+COPY_BATCH = 256               # output files one reader process copies (descriptors it holds)
+
+
+def copy_outputs(pairs: list, owner: Optional[int], cap: int, notes: list,
+                 deadline: float, gid: Optional[int] = None) -> int:
+    """copy_output for each (src, dest) in a child process (in_child) that reads as the job's
+    user (`owner`, `gid`): this process creates each copy and the child, once it has given up
+    root, writes into the descriptor it inherited. Returns how many were copied. At the
+    deadline the file it was on and those after it are noted as not read, and their partial
+    copies removed."""
+    t0 = time.monotonic()
     copied = 0
-    for i, (src, dest) in enumerate(pairs):
-        if i in done:
-            copied += bool(done[i]["ok"])
-            notes.extend(done[i]["notes"])
-            continue
-        notes.append(f"{src}: job output not read: " + (
-            f"timed out after {secs:.0f} s" if timed_out else "the reader failed"))
+    for start in range(0, len(pairs), COPY_BATCH):
+        batch = pairs[start:start + COPY_BATCH]
+        outs: list = []
+
+        def work(i, batch=batch, outs=outs):
+            sub: list = []
+            return {"ok": copy_output(batch[i][0], outs[i], owner, cap, sub), "notes": sub}
         try:
-            os.unlink(dest)
-        except OSError:
-            pass
+            for _, dest in batch:
+                outs.append(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                                    | os.O_CLOEXEC, 0o640))
+            done, timed_out = in_child(len(batch), work, deadline, as_user=(owner, gid))
+            why = None
+        except OSError as e:
+            done, timed_out, why = {}, False, e.strerror
+        finally:
+            for fd in outs:
+                os.close(fd)
+        secs = time.monotonic() - t0
+        for i, (src, dest) in enumerate(batch):
+            if i in done:
+                copied += bool(done[i]["ok"])
+                notes.extend(done[i]["notes"])
+                continue
+            notes.append(f"{src}: job output not read: " + (
+                f"cannot read it ({why})" if why else
+                f"timed out after {secs:.0f} s" if timed_out else "the reader failed"))
+        for i, (src, dest) in enumerate(batch):
+            if not (done.get(i) or {}).get("ok"):
+                try:
+                    os.unlink(dest)
+                except OSError:
+                    pass
     return copied
 
 

@@ -15,6 +15,9 @@ directory descriptors that never follow a symbolic link, accepts a cluster or jo
 when root (or `spool_writer_uid`) owns it and not every user can write it, and creates its
 temporary files with O_EXCL inside the directory it checked. The reader (SlurmUser) does not
 follow a symlinked cluster or job directory either.
+
+`<cluster>/.epilog/<node>/<jobid>.<restart>` marks the job runs a node's Epilog has already
+taken (claim_run): a second Epilog run of the same job run does nothing.
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ import os
 import re
 import secrets
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from . import probe
 from .reader import SkipFile, open_regular
@@ -79,6 +84,60 @@ def write_snapshot(spool: Path, cluster: str, job_id: str, restart: int, node: s
         for fd in fds:
             os.close(fd)
     return d / name
+
+
+MARKS = ".epilog"              # <cluster>/.epilog/<node>/<job>.<restart>: runs already taken
+MARK_DAYS = 7
+PRUNE_EVERY_S = 3600
+
+
+def claim_run(spool: Path, cluster: str, job_id: str, restart: int, node: str,
+              writer_uid: int = 0) -> bool:
+    """True for the first Epilog run of this job run on this node, False for any later one:
+    before 26.05 Slurm may run the Epilog of a job more than once, and a second snapshot would
+    replace the first while the controller reads it, or land after the controller has
+    collected the run and removed its folder. The node's mark is made with O_EXCL (two runs at
+    once: one wins) next to the job folders, which the controller removes, and kept MARK_DAYS.
+    Raises SpoolError as write_snapshot does."""
+    owners = {0, writer_uid, os.geteuid()}
+    name = f"{_safe(job_id, 'job')}.{int(restart)}"
+    fds: list[int] = []
+    try:
+        fds.append(_open_spool_root(Path(spool), owners))
+        path = Path(spool)
+        for level in (_safe(cluster, "cluster"), MARKS, _safe(node, "node")):
+            path = path / level
+            fds.append(_enter(fds[-1], path, owners))
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o640, dir_fd=fds[-1]))
+        except FileExistsError:
+            return False
+        _prune_marks(fds[-1])
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _prune_marks(dir_fd: int, now: Optional[float] = None) -> None:
+    """Marks older than MARK_DAYS go, looked for at most once an hour (a stamp's mtime)."""
+    now = time.time() if now is None else now
+    try:
+        if now - os.stat(".pruned", dir_fd=dir_fd).st_mtime < PRUNE_EVERY_S:
+            return
+    except FileNotFoundError:
+        pass
+    try:
+        os.close(os.open(".pruned", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o640, dir_fd=dir_fd))
+        os.utime(".pruned", (now, now), dir_fd=dir_fd)
+        for name in os.listdir(dir_fd):
+            if not name.startswith(".") and os.stat(name, dir_fd=dir_fd, follow_symlinks=False
+                                                    ).st_mtime < now - MARK_DAYS * 86400:
+                os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -16,7 +16,11 @@ Bundles hold what users and the kernel wrote (job output, kernel journals, the j
 line): they are private whatever the umask. Directories 0750 and files 0640, owned by the
 worker and the group of `bundle_dir`; the folders above them 0751, so a user can reach a path
 they know but list nobody's jobs; the job's user gets read on their own bundle through a POSIX
-ACL (`setfacl`), so that `sattrib JOBID` can show it without the database.
+ACL (`setfacl`), so that `sattrib JOBID` can show it without the database, except on the
+nodes' kernel logs (a node's kernel log names other users' tasks and files).
+
+The job's files are read by a child process that has given up root for the job's user
+(slurm_job.copy_outputs): the kernel checks every path as it would check that user's.
 """
 from __future__ import annotations
 
@@ -116,21 +120,31 @@ def _write_private(path: Path, text: str, gid: int) -> None:
         f.write(text)
 
 
-def _grant_read(bundle: Path, uid: Optional[int], timeout: float) -> Optional[str]:
+def _grant_read(bundle: Path, uid: Optional[int], timeout: float,
+                private: frozenset = frozenset()) -> Optional[str]:
     """Let the job's user read their own bundle (and what is written into it later): a POSIX
-    ACL entry plus a default entry on its directories. None when done or not needed, else the
-    note that says why the bundle stays private."""
+    ACL entry plus a default entry on its directories, on every file but those in `private`
+    (the nodes' kernel logs: even in the job's window, a shared node's kernel log names other
+    users' tasks and files, in OOM kills and segfaults; the diagnosis says what it found
+    there). None when done or not needed, else the note that says why the bundle stays
+    private."""
     if uid is None or uid == 0 or uid == os.geteuid():
         return None
-    acl = f"u:{uid}:rX,d:u:{uid}:rX"
-    r = probe.run("setfacl", ["setfacl", "-P", "-R", "-m", acl, str(bundle)],
-                  time.monotonic() + timeout, max_bytes=1 << 16)
-    if r.ok:
-        return None
-    why = ("setfacl is not installed (Debian package acl)" if r.reason == "not installed" else
-           (r.err.decode("utf-8", "replace").strip().splitlines() or [r.reason])[-1])
-    return (f"the job's user (uid {uid}) cannot read this bundle: {why}; it stays readable "
-            "by SlurmUser and its group only")
+    dirs, files = [], []
+    for d, _, names in os.walk(bundle):
+        dirs.append(d)
+        files += [p for p in (os.path.join(d, n) for n in sorted(names)) if p not in private]
+    for acl, paths in ((f"u:{uid}:rX,d:u:{uid}:rX", dirs), (f"u:{uid}:r", files)):
+        for i in range(0, len(paths), 1000):
+            r = probe.run("setfacl", ["setfacl", "-P", "-m", acl, "--", *paths[i:i + 1000]],
+                          time.monotonic() + timeout, max_bytes=1 << 16)
+            if not r.ok:
+                why = ("setfacl is not installed (Debian package acl)"
+                       if r.reason == "not installed" else
+                       (r.err.decode("utf-8", "replace").strip().splitlines() or [r.reason])[-1])
+                return (f"the job's user (uid {uid}) cannot read this bundle: {why}; it stays "
+                        "readable by SlurmUser and its group only")
+    return None
 
 
 def _lock(path: Path, timeout: float):
@@ -337,6 +351,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
                       signal=env_job.signal, derived=env_job.derived)
+    from .collectors.node_snapshot import KERNEL_FILES
+    kernel_logs = set()
     for node, snap in sorted(snaps.items()):
         notes.extend(f"{node}: {n}" for n in (snap.data.get("notes") or [])[:20]
                      if isinstance(n, str))
@@ -346,6 +362,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
             if "/" in name or name.startswith("."):
                 continue
             (nd / name).write_text(content)
+            if name in KERNEL_FILES:
+                kernel_logs.add(str(nd / name))
         (nd / probes_file.NAME).write_text(probes_file.render(
             snap.data.get("probes") or [], snap.trusted_by, snap.data.get("taken_at"),
             run.get("end_time")))
@@ -359,6 +377,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
         log.info("metrics: %d queries in %.1fs", got.queries, got.seconds)
     # The job's own output (written by the user: read with care).
     uid = int(info["Uid"]) if info.get("Uid", "").isdigit() else (env_job.uid if env_job else None)
+    job_gid = _job_gid(info, env_job)
     logs = tmp / "logs"
     logs.mkdir()
     # The copies get names of sattrib's own: what the user called a file (`%x-%j.log`,
@@ -366,8 +385,10 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     # Where the nodes scanned their own output files, their extracts replace the copies.
     from .engine.hostlist import expand
     shipped = _shipped_outputs(snaps, st, notes)
-    sources = slurm_job.output_paths(info, st.extra_output_globs, notes,
-                                     expand(run.get("nodes") or ""))
+    find_until = time.monotonic() + max(deadline - time.monotonic(), 0) / 2
+    sources = slurm_job.output_paths_as_user((uid, job_gid), find_until, info,
+                                             st.extra_output_globs, notes,
+                                             expand(run.get("nodes") or ""))
     sources += sorted(set(shipped) - set(sources))
     pairs, record["outputs"] = [], []
     for i, src in enumerate(sources):
@@ -382,13 +403,13 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
                                       "node": node})
         else:
             pairs.append((src, copy))
-    slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline)
+    slurm_job.copy_outputs(pairs, uid, st.output_cap_mb << 20, notes, deadline, job_gid)
     record["outputs"] += [{"copy": f"logs/{d.name}", "source": src} for src, d in pairs
                           if d.is_file()]
     record["outputs"].sort(key=lambda o: o.get("copy") or o["extract"])
     (tmp / "slurm" / "sattrib-run.json").write_text(json.dumps(record, indent=1) + "\n")
     _seal(tmp, gid)
-    note = _grant_read(tmp, uid, st.probe_timeout_s)
+    note = _grant_read(tmp, uid, st.probe_timeout_s, frozenset(kernel_logs))
     if note:
         notes.append(note)
     if notes:
@@ -402,6 +423,16 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     else:
         os.replace(tmp, dest)
     return dest
+
+
+def _job_gid(info: dict, env_job) -> Optional[int]:
+    """The job's group, in which the worker reads the job's files as its user: the one
+    slurmctld gave EpilogSlurmctld (SLURM_JOB_GID, in the worker's environment), else
+    scontrol's `GroupId=name(gid)`."""
+    gid = os.environ.get("SLURM_JOB_GID", "") if env_job is not None else ""
+    m = re.search(r"\((\d+)\)$", info.get("GroupId") or "")
+    gid = gid if gid.isdigit() else m.group(1) if m else ""
+    return int(gid) if gid else None
 
 
 # What scontrol prints when it cannot talk to slurmctld at all (src/api, src/common/slurm_conf.c).

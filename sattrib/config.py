@@ -61,9 +61,9 @@ class Settings:
     # -- hooks (node Epilog and EpilogSlurmctld) ----------------------------------------------
     epilog_budget_s: float = Field(20.0, gt=0)
     probe_timeout_s: float = Field(8.0, gt=0)
-    journal_dir: str = ""                      # read journals from here (journalctl --directory)
+    journal_dir: str = ""                      # journalctl --directory; %n = the node
     journal_margin_s: float = Field(600.0, ge=0)
-    journal_lookback_s: float = Field(86400.0, ge=0)   # when the job's start is unknown
+    journal_lookback_s: float = Field(3600.0, ge=0, le=3600)   # when the job's start is unknown
     ib_sysfs_root: str = "/sys/class/infiniband"
     probe_path: str = ""        # prepended to PATH for probes (nvidia-smi, dcgmi, journalctl)
     log_dir: str = "/var/log/sattrib"
@@ -212,13 +212,6 @@ def _checked(f: dataclasses.Field, hint: Any, v: Any) -> Any:
 
 ENV_PREFIX = "SATTRIB_"
 
-# What the hooks read from their environment, besides SATTRIB_CONFIG (the installed wrappers
-# set it): root runs them, and a setting such as probe_path (prepended to root's PATH) belongs
-# in the root-owned config file, not in whatever environment slurmd or slurmctld was started
-# with. journal_dir only chooses which journal files are read, and lets one host stand in for
-# several nodes (each node's Epilog environment names its own journal folder).
-HOOK_ENV_KEYS = ("journal_dir",)
-
 
 def _coerce(name: str, raw: str) -> Any:
     ann = _HINTS[name]
@@ -305,8 +298,12 @@ def load(flags: Optional[dict] = None, path: Optional[Path] = None,
 
 def load_for_hook(env: Optional[dict] = None) -> Loaded:
     """The settings as the hooks read them: never fails, and reads from the environment only
-    SATTRIB_CONFIG and HOOK_ENV_KEYS."""
-    return load(env=os.environ if env is None else env, lenient=True, env_keys=HOOK_ENV_KEYS)
+    SATTRIB_CONFIG (the installed wrappers set it). Root runs the hooks, and every setting
+    (probe_path is prepended to root's PATH, journal_dir chooses which journal root reads and
+    hands on) belongs in the root-owned config file, not in whatever environment slurmd or
+    slurmctld, or a wrapper around them, passes on. One host standing in for several nodes
+    names each node's journal with `%n` in journal_dir."""
+    return load(env=os.environ if env is None else env, lenient=True, env_keys=())
 
 
 def utc_offset(tz: str, at: Optional[float]) -> int:

@@ -3,9 +3,12 @@
 Slurm drains a node whose Epilog fails or hangs, so this never raises, always exits 0 and keeps
 to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A job that
 exited 0 returns at once (the installed wrapper does that check before Python even starts).
-It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once.
+It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once (the job's
+start, when Slurm does not pass it, comes from slurmd's spool on this node). A second run of
+the Epilog for the same job run does nothing (spool.claim_run).
 Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
-also scans this node's output files and ships their kept lines (collectors/output_lines.py).
+also scans this node's output files and ships their kept lines (collectors/output_lines.py),
+reading them as the job's user, never as root.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from typing import Optional
 
 log = logging.getLogger("sattrib.epilog")
 
@@ -33,40 +37,58 @@ def snapshot(env, deadline: float) -> str:
     if st.probe_path:
         os.environ["PATH"] = st.probe_path + ":" + os.environ.get("PATH", os.defpath)
     node = job.node or os.uname().nodename.split(".")[0]
+    cluster = job.cluster or st.cluster
+    run = f"job {job.job_id}.{job.restart} on {node}"
+    try:
+        if not spool.claim_run(st.spool_dir, cluster, job.job_id, job.restart, node,
+                               st.spool_writer_uid):
+            return f"{run}: taken by an earlier run of this Epilog, nothing to do"
+    except spool.SpoolError as e:
+        return f"{run}: snapshot not written: {e}"
+    start = job.start or slurm_env.spool_start(env, job.job_id)
     snap = node_snapshot.collect(
-        job.job_id, job.restart, node, job.uid, job.start, deadline,
-        probe_timeout=st.probe_timeout_s, journal_dir=st.journal_dir,
+        job.job_id, job.restart, node, job.uid, start, deadline,
+        probe_timeout=st.probe_timeout_s, journal_dir=st.journal_dir.replace("%n", node),
         journal_margin=st.journal_margin_s, journal_lookback=st.journal_lookback_s,
         ib_root=st.ib_sysfs_root,
         env_exit=f"{job.exit_status}/{job.exit_code}:{job.signal}/{job.derived}")
-    snap["notes"] = [f"config: {p}" for p in loaded.problems]
+    snap["notes"] = [f"config: {p}" for p in loaded.problems] + snap["notes"]
     try:
-        snap["outputs"] = _ship_outputs(job, st, deadline - WRITE_RESERVE_S, snap["notes"])
+        snap["outputs"] = _ship_outputs(job, st, deadline - WRITE_RESERVE_S, snap["notes"],
+                                        _gid(env))
     except Exception:     # the rest of the snapshot still goes; the controller copies the files
         log.exception("output extracts failed")
         snap["outputs"] = []
         snap["notes"].append("output extracts failed on the node: the controller copies them")
-    cluster = job.cluster or st.cluster
     try:
         path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
                                     deadline, munge=st.spool_auth == "munge",
                                     munge_socket=st.munge_socket,
                                     writer_uid=st.spool_writer_uid)
     except spool.SpoolError as e:     # a level of the spool is not safe for root to write in
-        return f"job {job.job_id}.{job.restart} on {node}: snapshot not written: {e}"
+        return f"{run}: snapshot not written: {e}"
     failed = [p["name"] for p in snap["probes"] if not p["ok"]]
-    return (f"job {job.job_id}.{job.restart} on {node}: snapshot {path} "
+    return (f"{run}: snapshot {path} "
             f"({', '.join(sorted(snap['files'])) or 'no files'}"
             f"{'; extracts of ' + str(len(snap['outputs'])) + ' output files' if snap['outputs'] else ''}"
             f"{'; failed probes: ' + ', '.join(failed) if failed else ''})")
 
 
+def _gid(env) -> Optional[int]:
+    """The job's group as slurmd passes it (SLURM_JOB_GID), for reading as the job's user."""
+    gid = env.get("SLURM_JOB_GID", "")
+    return int(gid) if gid.isdigit() else None
+
+
 WRITE_RESERVE_S = 2.0      # of the budget kept for writing the snapshot and its credential
 
 
-def _ship_outputs(job, st, deadline: float, notes: list) -> list:
+def _ship_outputs(job, st, deadline: float, notes: list, gid: Optional[int] = None) -> list:
     """The job's output files of this node (%N / %n patterns), scanned here: their kept lines
-    go in the snapshot instead of the controller copying the bytes (collectors/output_lines)."""
+    go in the snapshot instead of the controller copying the bytes (collectors/output_lines).
+    The folders are listed and the files opened as the job's user (uid, `gid`), never as
+    root: a folder swapped for a link to /dev or to a root-only folder gets what the user
+    would get."""
     import socket
 
     from ..analysis import reader_limits
@@ -78,7 +100,12 @@ def _ship_outputs(job, st, deadline: float, notes: list) -> list:
         found: list = []
         return {"paths": slurm_job.node_output_paths(job, host, st.extra_output_globs, found),
                 "notes": found}
-    done, _ = slurm_job.in_child(1, find, min(deadline, time.monotonic() + st.probe_timeout_s))
+    try:
+        done, _ = slurm_job.in_child(1, find, min(deadline, time.monotonic()
+                                                  + st.probe_timeout_s), as_user=(job.uid, gid))
+    except OSError as e:
+        notes.append(f"output files not looked for: {e.strerror} (the controller copies them)")
+        return []
     if not done:
         notes.append("output files not looked for: their folders did not answer in "
                      f"{st.probe_timeout_s:.0f} s (the controller copies them)")
@@ -91,7 +118,7 @@ def _ship_outputs(job, st, deadline: float, notes: list) -> list:
         notes.append(f"{len(paths)} output files left to the controller (no time left)")
         return []
     outputs, more = output_lines.ship(paths, job.uid, st.output_cap_mb << 20,
-                                      reader_limits(st), st.rules_dirs, deadline)
+                                      reader_limits(st), st.rules_dirs, deadline, gid)
     notes.extend(more)
     return outputs
 

@@ -137,9 +137,11 @@ def test_node_epilog_with_a_config_typo_still_takes_its_snapshot(tmp_path, monke
     assert any("unknown key 'probe_timeout'" in n for n in snap["notes"]), snap["notes"]
 
 
-# ---- 3. the hooks read only a named allow-list from the environment -------------------------
+# ---- 3. the hooks take no setting from the environment -----------------------------------------
 
-def test_hooks_ignore_settings_from_the_environment_but_the_allow_list(tmp_path, monkeypatch):
+def test_hooks_take_no_settings_from_the_environment(tmp_path, monkeypatch):
+    """Not even journal_dir: it chooses which journal root reads and hands on to the job's
+    bundle, so it comes from the root-owned config file only."""
     from sattrib.config import load_for_hook
     from sattrib.slurm_hooks import epilog
     cfg = tmp_path / "sattrib.toml"
@@ -161,7 +163,7 @@ def test_hooks_ignore_settings_from_the_environment_but_the_allow_list(tmp_path,
     monkeypatch.setenv("SLURM_CLUSTER_NAME", "kc")
     st = load_for_hook(os.environ).settings
     assert (st.probe_path, st.spool_dir) == ("", str(tmp_path / "spool"))
-    assert st.journal_dir == str(tmp_path / "journals")
+    assert st.journal_dir == ""
     epilog.snapshot(os.environ, time.monotonic() + 10)
     assert not marker.exists()
     assert (tmp_path / "spool" / "kc" / "8802.0" / "k1.snap.gz").is_file()
@@ -386,6 +388,7 @@ def test_node_epilog_leaves_output_on_a_hung_mount_to_the_controller(tmp_path, w
     assert notes == ["1 of 2 output files left to the controller (the Epilog's deadline came "
                      "first)"]
     job = slurm_env.from_env({"SLURM_JOB_ID": "8801", "SLURMD_NODENAME": "k1",
+                              "SLURM_JOB_UID": str(os.getuid()),
                               "SLURM_NODELIST": "k1", "SLURM_JOB_WORK_DIR": str(work),
                               "SLURM_JOB_STDOUT": str(hung.path / "sub" / "%N.out")})
     st = Settings(probe_timeout_s=1.0)

@@ -471,3 +471,26 @@ def test_python_fallback_rank_file_without_trailing_newline(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "hyperscan", None)
     diag, bundle, _ = analyze(case)
     assert summary(diag) == EXPECT[FAKE]
+
+
+def test_analyze_opens_no_fifo(tmp_path, baseline):
+    """`sattrib analyze` of a folder with FIFOs as rank output and as a node's kernel log:
+    nothing opens them (a writer blocked on each stays blocked), the diagnosis is the
+    baseline's."""
+    import subprocess
+    case = copy_case(XID149, tmp_path)
+    fifos = [case / "logs" / "slurm-pipe.out", case / "node-03" / "dmesg.txt"]
+    writers = []
+    try:
+        for fifo in fifos:
+            os.mkfifo(fifo)
+            writers.append(subprocess.Popen(["sh", "-c", 'exec 3>"$1"; echo opened', "sh",
+                                             str(fifo)], stdout=subprocess.PIPE))
+        diag, _, _ = analyze(case, timeout=60, unblock=[str(f) for f in fifos])
+        time.sleep(0.3)
+        assert [w.poll() for w in writers] == [None, None], "a FIFO was opened"
+        assert summary(diag) == summary(baseline[XID149])
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()

@@ -1,5 +1,6 @@
 """Private output stays private: evidence bundles are never world-readable, whatever the umask;
-the job's user reads their own bundle through a POSIX ACL, another user reads nothing; a user
+the job's user reads their own bundle through a POSIX ACL, but not the nodes' kernel logs in it,
+another user reads nothing; a user
 who cannot open the database still gets `sattrib JOBID` for their own job from its bundle.
 
 Runs as root with real `setfacl` and real unprivileged processes (setpriv)."""
@@ -128,12 +129,16 @@ def test_job_user_reads_own_bundle_and_nobody_else_does(site):
     st, env, base, _ = site
     bundle = _collect(st, env).bundle
     output = next((bundle / "logs").iterdir())
-    for path in (output, bundle / "slurm" / "job.txt", bundle / "k2" / "journal.jsonl",
-                 bundle / "diagnosis.json"):
+    for path in (output, bundle / "slurm" / "job.txt", bundle / "diagnosis.json"):
         r = as_user(JOB_USER, "/bin/cat", path)
         assert r.returncode == 0, (path, r.stderr)
         r = as_user(OTHER_USER, "/bin/cat", path)
         assert r.returncode != 0 and "Permission denied" in r.stderr, (path, r.stdout)
+    # The nodes' kernel logs are the admins': other users' tasks and files are named there.
+    for node in ("k1", "k2"):
+        r = as_user(JOB_USER, "/bin/cat", bundle / node / "journal.jsonl")
+        assert r.returncode != 0 and "Permission denied" in r.stderr, (node, r.stdout)
+    assert "Xid" in json.dumps(json.loads((bundle / "diagnosis.json").read_text())["evidence"])
     assert "secret-dataset-path" in as_user(JOB_USER, "/bin/cat", output).stdout
     # The job's user reaches a path they know but cannot list other users' jobs.
     r = as_user(JOB_USER, "/bin/ls", bundle.parent)

@@ -878,3 +878,52 @@ def test_required_literals_sound_for_global_ignore_case():
 
 def test_required_literals_sound_for_scoped_ignore_case():
     assert _prefilter_finds(r"kernel: (?i:gpu has fallen)", "kernel: GPU HAS FALLEN")
+
+
+def _writer_waiting_on(fifo: Path):
+    """A process blocked in open(fifo, O_WRONLY): it goes on (and prints) only when someone
+    opens the FIFO for reading, even with O_NONBLOCK and even for an instant."""
+    import subprocess
+    p = subprocess.Popen(["sh", "-c", 'exec 3>"$1"; echo opened', "sh", str(fifo)],
+                         stdout=subprocess.PIPE, text=True)
+    time.sleep(0.2)
+    assert p.poll() is None
+    return p
+
+
+def test_open_regular_looks_without_opening_a_fifo(tmp_path):
+    """Looking is not opening: a FIFO (or a device: its driver's open would run) is refused
+    from what the name is, before any open for reading; the writer waiting on it stays
+    blocked."""
+    fifo = tmp_path / "rank-4.stderr"
+    os.mkfifo(fifo)
+    writer = _writer_waiting_on(fifo)
+    try:
+        with pytest.raises(SkipFile, match="FIFO"):
+            open_regular(str(fifo))
+        time.sleep(0.3)
+        assert writer.poll() is None, "open_regular opened the FIFO"
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_open_regular_never_opens_a_device(tmp_path):
+    """A device through a symlinked folder (`d` -> /dev; the last component is not a link, so
+    O_NOFOLLOW does not stop it): refused as a device by one O_PATH open, which runs no
+    driver; it is never opened for reading."""
+    link = tmp_path / "d"
+    os.symlink("/dev", link)
+    calls = []
+    real = os.open
+
+    def spy(path, flags, *a, **kw):
+        calls.append((str(path), flags))
+        return real(path, flags, *a, **kw)
+    os.open = spy
+    try:
+        with pytest.raises(SkipFile, match="device"):
+            open_regular(str(link / "null"))
+    finally:
+        os.open = real
+    assert [f & os.O_PATH for _, f in calls] == [os.O_PATH], calls

@@ -4,11 +4,11 @@ sattrib is installed once per module with ``sh install.sh --prefix <tmp> --edita
 --slurm-user root`` (the real wrappers, venv and config), slurm.conf's ``Epilog=`` /
 ``EpilogSlurmctld=`` point at the installed wrappers (through the harness wrappers, which only
 source the per-node env file first), and real jobs fail in various ways.  Each node gets its own
-kernel journal (``SATTRIB_JOURNAL_DIR``, one of the two variables the hooks read from their
-environment) and its own stand-in ``nvidia-smi`` that prints a recorded ``nvidia-smi -q -x``
-(the ``probe_path`` setting in the installed config names one folder whose ``nvidia-smi`` runs
-the node's own by ``$SLURMD_NODENAME``: the hooks take no ``SATTRIB_PROBE_PATH`` from the
-environment, and the installed wrapper sets its own fixed PATH).
+kernel journal (the installed config's ``journal_dir`` is ``.../journal/%n``) and its own
+stand-in ``nvidia-smi`` that prints a recorded ``nvidia-smi -q -x`` (the ``probe_path`` setting
+in the installed config names one folder whose ``nvidia-smi`` runs the node's own by
+``$SLURMD_NODENAME``). The hooks take no setting from their environment, and the installed
+wrapper sets its own fixed PATH.
 
 Measured on the 2-core dev VM (Slurm 22.05.8), five runs: install.sh --editable 33-55 s; whole
 file 127-143 s (200 s while another engineer's cluster tests ran alongside).  Job end -> diagnosis stored 2.7-3.4 s (4 nodes, all snapshots in); with three
@@ -253,6 +253,7 @@ class Nodes:
         self.root = root
         self.boot_id = new_boot_id()
         self.env: dict[str, dict[str, str]] = {}
+        self.journal_pattern = str(root / "journal" / "%n")     # the config's journal_dir
         self.probe_dir = root / "bin"
         self.probe_dir.mkdir()
         smi = self.probe_dir / "nvidia-smi"
@@ -267,11 +268,11 @@ class Nodes:
             smi = bd / "nvidia-smi"
             smi.write_text(NVSMI.format(node=n, xml=shlex.quote(str(SAMPLE_XML))))
             smi.chmod(0o755)
-            self.env[n] = {"SATTRIB_JOURNAL_DIR": str(jd)}
+            self.env[n] = {}
         self.write_journals()
 
     def journal_dir(self, node: str) -> Path:
-        return Path(self.env[node]["SATTRIB_JOURNAL_DIR"])
+        return Path(self.journal_pattern.replace("%n", node))
 
     def write_journals(self, extra: dict[str, list[tuple[float, str]]] | None = None) -> None:
         """A fresh, benign kernel journal on every node, plus ``extra[node]`` (time, message)."""
@@ -319,7 +320,8 @@ def cluster(slurm_cluster_factory_module, install, nodes) -> SlurmCluster:
         slurmd_timeout=10,
     )
     install.base_settings = {"munge_socket": str(c.munge_socket),
-                             "probe_path": str(nodes.probe_dir)}
+                             "probe_path": str(nodes.probe_dir),
+                             "journal_dir": nodes.journal_pattern}
     install.configure()
     print(f"cluster started in {c.start_seconds:.2f}s ({c.dir})")
     return c
@@ -645,13 +647,16 @@ def test_successful_job_no_diagnosis_and_epilog_overhead(cluster, install, nodes
     # Meanwhile: the Epilog's own cost, timed on the installed wrapper.
     n_ok, n_fail = 30, 5
     ok = time_wrapper(install.epilog, epilog_env(cluster, nodes, "node01", "990001", False), n_ok)
-    fake = "990002"
+    fakes = [str(990010 + i) for i in range(n_fail)]   # one run each: a rerun does nothing
     try:
-        bad = time_wrapper(install.epilog, epilog_env(cluster, nodes, "node01", fake, True), n_fail)
-        snap = install.spool_dir / cluster.cluster_name / f"{fake}.0" / "node01.snap.gz"
-        assert snap.is_file(), "the failed-job Epilog wrote no snapshot"
+        bad = [time_wrapper(install.epilog, epilog_env(cluster, nodes, "node01", f, True), 1)[0]
+               for f in fakes]
+        for f in fakes:
+            snap = install.spool_dir / cluster.cluster_name / f"{f}.0" / "node01.snap.gz"
+            assert snap.is_file(), "the failed-job Epilog wrote no snapshot"
     finally:
-        shutil.rmtree(install.spool_dir / cluster.cluster_name / f"{fake}.0", ignore_errors=True)
+        for f in fakes:
+            shutil.rmtree(install.spool_dir / cluster.cluster_name / f"{f}.0", ignore_errors=True)
     assert not (install.spool_dir / cluster.cluster_name / "990001.0").exists()
     med_ok, med_bad = statistics.median(ok), statistics.median(bad)
     print(f"\nEpilog overhead, installed wrapper run directly (median of n):\n"
@@ -1103,7 +1108,8 @@ def test_per_node_output_is_shipped_as_extracts(slurm_cluster_factory, install, 
                               node_env={n: nodes.env[n] for n in two}, slurmd_timeout=10)
     saved = dict(install.base_settings)
     install.base_settings = {"munge_socket": str(c.munge_socket),
-                             "probe_path": str(nodes.probe_dir)}
+                             "probe_path": str(nodes.probe_dir),
+                             "journal_dir": nodes.journal_pattern}
     install.configure()
     try:
         nodes.write_journals()
