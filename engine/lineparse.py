@@ -55,6 +55,9 @@ _PYLOG = re.compile(r"^" + _ISO + r"(?=[ \]|:])")
 # A kernel line as admins paste it, without its time stamp: "kernel: NVRM: ..." or
 # "node-01 kernel: NVRM: ...".
 _BARE_KERNEL = re.compile(r"^(?:(?P<host>[A-Za-z0-9][\w.-]{0,63}) )?kernel: ")
+# A tqdm progress bar frame ("desc:  45%|████▌     | 9/20 [00:01<00:02,  5.3it/s]") that a
+# line was printed right after, with no newline between them: the line starts after it.
+_BAR = re.compile(r"[^|\n]{0,100}?\d{1,3}%\|[^|\n]{0,300}\|[^\[\n]{0,60}\[[^\]\n]{0,160}\]")
 _NCCL_HOST = re.compile(r"^(?:\[[^\]]{1,64}\] )?(?P<host>[A-Za-z0-9][\w.-]{0,253}):(?P<pid>\d+):"
                         r"(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 
@@ -138,15 +141,22 @@ def parse_stamp_text(s: str) -> Optional[Stamp]:
     return None
 
 
+def _after_bars(line: str) -> str:
+    """The line without the progress-bar frames glued before it."""
+    while "%|" in line[:420] and (m := _BAR.match(line)):
+        line = line[m.end():]
+    return line
+
+
 def split_prefix(raw: str, srun: bool = False) -> Parsed:
     """Peel log-path prefixes off one line (already cleaned) and say what they carried."""
-    line = raw
+    line = _after_bars(raw)
     rank = None
     if srun:
         m = _SRUN.match(line)
         if m:
             rank = int(m.group(1))
-            line = line[m.end():]
+            line = _after_bars(line[m.end():])
     p = Parsed(message=line, rank=rank)
     if "kernel: " in line[:72] and (m := _BARE_KERNEL.match(line)):
         p.host, p.ident = m.group("host"), "kernel"
@@ -210,10 +220,11 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             line = line[m.end():]
         elif (m := _WORKER_TAG.match(line)) or (m := _RAY_TAG.match(line)):
             line = line[m.end():]
+        line = _after_bars(line)
     m = _RANKTAG.match(line)
     if m:
         p.rank = int(m.group(1)) if p.rank is None else p.rank
-        line = line[m.end():]
+        line = _after_bars(line[m.end():])
     if p.stamp is None:
         m = _GLOG.match(line)
         if m:

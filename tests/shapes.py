@@ -477,6 +477,12 @@ def _prefix(target: str, rank: int, width: int) -> str:
             "torchrun": f"[default{rank}]:", "torch-rank": f"[rank{rank}]: "}[target]
 
 
+# Lines the launcher or Slurm print themselves (srun's own messages, slurmstepd, a daemon's
+# log): no task prefix is ever put on them.
+_OWN_LINE = re.compile(r"^(?:srun|salloc|sbatch|slurmstepd(?:-[\w.-]+)?|slurmd)(?:\[\d+\])?: "
+                       r"|^\[\d{4}-\d\d-\d\dT")
+
+
 def _relabel(lines: list, outer, rank: Optional[int], target: str) -> tuple[list, bool]:
     """(lines with `target`'s prefix where a rank is known, whether a rank was dropped)."""
     ranks = [int(m.group(1)) for ln in lines if outer and (m := outer.match(ln))]
@@ -486,7 +492,7 @@ def _relabel(lines: list, outer, rank: Optional[int], target: str) -> tuple[list
         m = outer.match(ln) if outer else None
         if m:
             r, body = int(m.group(1)), ln[m.end():]
-        elif outer is None and ln.strip():
+        elif outer is None and ln.strip() and not _OWN_LINE.match(ln):
             r, body = rank, ln
         else:
             out.append(ln)                   # the batch script's own lines carry no label
