@@ -32,6 +32,8 @@ def job_id_from_names(paths) -> Optional[str]:
 
 
 RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
+# Job records under slurm/: read by their structure, never line by line (see _read_file).
+SCHEDULER_RECORDS = ("slurm_job", "sacct", "slurm_json")
 MAX_FILES_PER_DIR = 5000
 MAX_DEPTH = 3
 STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
@@ -56,10 +58,14 @@ def _srun_prefixed(head: bytes) -> bool:
 def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
     text = head.decode("utf-8", "replace")
     if in_slurm:
-        if re.search(r"^\s*JobId=\d", text, re.M):
-            return "slurm_job", Source.scheduler
+        # A job record by its first line (a job's name may hold a line `JobId=...`), then by a
+        # record anywhere in it (whatever is pasted above the record, it is read as one).
         if text.lstrip().startswith("{"):
             return "slurm_json", Source.scheduler
+        if re.match(r"\s*JobID(?:Raw)?\|", text):
+            return "sacct", Source.scheduler
+        if re.search(r"^\s*JobId=\d", text, re.M):
+            return "slurm_job", Source.scheduler
         if re.search(r"^JobID(?:Raw)?\|", text, re.M):
             return "sacct", Source.scheduler
         return "slurm_log", Source.scheduler
@@ -91,6 +97,12 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
         if kern / len(lines) >= 0.5 or (_KERNEL_NAME.search(name) and kern / len(lines) >= 0.2):
             return "kernel_log", Source.kernel
     return "rank_output", Source.stderr
+
+
+def _kernel_record(kind: str, p) -> bool:
+    """Whether a kernel log's line (split_prefix's `p`) is the kernel's own: only what the
+    kernel printed is kernel evidence, and it is read from the record's start."""
+    return kind == "kernel_log" and (p.kernel_form or p.ident == "kernel")
 
 
 def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
@@ -134,6 +146,7 @@ class FolderReader:
         self.offset = 0
         self.job_line_cap = 200_000
         self.clock: dict = {}
+        self.job_id: Optional[str] = None   # whose scheduler records the rules read
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._founds: dict = {}   # one Line.found per distinct search result (see _line)
         self._no_stamps = 0
@@ -156,6 +169,7 @@ class FolderReader:
         other = [(p, r) for p, r in top if not r.startswith("slurm/") and r not in RESERVED]
         lone = self._lone_node(root, other, bundle)
         bundle.job = self._job(slurm_files, bundle)
+        self.job_id = bundle.job.job_id
         offset = self.utc_offset
         if callable(offset):
             # A named zone: its offset at the job's start (scontrol prints local time).
@@ -331,8 +345,9 @@ class FolderReader:
             for ln in part.lines:
                 if ln.found is None:
                     cands = line_rules(ln, self.rules, self._by_source)
+                    kernel = ln.source is Source.kernel
                     caps = {c.rule.id: cp for c in cands
-                            if (cp := captures(c, ln.message)) is not None}
+                            if (cp := captures(c, ln.message, kernel=kernel)) is not None}
                     ln.found = found_for(ln, cands, caps)
         return part
 
@@ -371,7 +386,9 @@ class FolderReader:
                 os.close(fd)
             kind, _ = _classify(Path(rel).name, text[:65536].encode(), True)
             if kind == "slurm_job":
-                scon += slurm_state.parse_scontrol(text)
+                found: list = []
+                scon += slurm_state.parse_scontrol(text, found)
+                bundle.notes += [f"{rel}: {n}" for n in found]
             elif kind == "sacct":
                 sacct += slurm_state.parse_sacct(text)
             elif kind == "slurm_json":
@@ -382,11 +399,11 @@ class FolderReader:
         runs = [j for j in sacct if j.start and j.end]
         if own:
             # sattrib's own record of the run it collected: its restart count and times win
-            # over scontrol's, which may already describe the next run of a requeued job.
+            # over scontrol's, which may already describe the next run of a requeued job, and
+            # so do whose job it is, its name and partition (what slurmctld passed the hook).
             run = own[0]
             for f in ("job_id", "cluster", "name", "user", "partition"):
-                if not getattr(job, f):        # no scheduler record: the hooks' facts
-                    setattr(job, f, getattr(run, f))
+                setattr(job, f, getattr(run, f) or getattr(job, f))
             job.restart = run.restart
             job.start = run.start or job.start
             job.end = run.end or job.end
@@ -489,7 +506,15 @@ class FolderReader:
                                              node=node, rank=None, shown=clean(orig)[:2000],
                                              message=clean(fact)[:2000]))
                 return
-            res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
+            if kind in SCHEDULER_RECORDS:
+                # What the job's user wrote into its record is no scheduler evidence: the
+                # rules read Slurm's own fields only (slurm_state.rule_view).
+                view = slurm_state.rule_view(kind, os.pread(fd, STRUCTURED_CAP, 0).decode(
+                    "utf-8", "replace"), self.job_id).encode()
+                res, srun = self.scan_output(fd, len(view), view[:self.lim.sniff_bytes],
+                                             pread=lambda n, off: view[off:off + n], kind=kind)
+            else:
+                res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
             self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
         finally:
             os.close(fd)
@@ -562,11 +587,12 @@ class FolderReader:
             text = clean(data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
+            kernel = _kernel_record(kind, p)
             hit = {}
             for rid in lits:
                 c = by_id.get(rid)
                 if c is not None:
-                    m = c.search(msg)
+                    m = c.search(msg, kernel)
                     if m:
                         hit[rid] = m
             if hit and hit.keys() <= context:
@@ -592,8 +618,7 @@ class FolderReader:
             p = split_prefix(text, srun=srun)
         source = doc.source
         if doc.kind == "kernel_log":
-            # Per line: only what the kernel printed is kernel evidence.
-            source = Source.kernel if (p.kernel_form or p.ident == "kernel") else Source.system
+            source = Source.kernel if _kernel_record(doc.kind, p) else Source.system
         rank = p.rank if p.rank is not None else rank_hint
         ts = tc.epoch(p.stamp)
         skew = self.clock.get(doc.node, 0.0) if doc.node else 0.0

@@ -37,7 +37,19 @@ class SchedulerFacts:
     notes: list = field(default_factory=list)
 
 
+_NO_JSON: list = []        # set once scontrol says it has no --json (Slurm before 23.02)
+
+
 def scontrol_job(job_id: str, deadline: float) -> tuple[str, str]:
+    """`scontrol show job -d`, as --json where scontrol has it (23.02 on: every field exact),
+    else as text (slurm_state.parse_kv reads it by Slurm's order of keys)."""
+    if not _NO_JSON:
+        r = probe.run("scontrol", ["scontrol", "--json", "show", "job", "-d", str(job_id)],
+                      deadline, max_bytes=4 << 20)
+        if r.ok and r.out.lstrip().startswith(b"{"):
+            return r.out.decode("utf-8", "replace"), ""
+        if b"unrecognized option" in r.err:
+            _NO_JSON.append(True)
     r = probe.run("scontrol", ["scontrol", "show", "job", "-d", str(job_id)], deadline,
                   max_bytes=4 << 20)
     if r.ok:
@@ -62,15 +74,16 @@ def scontrol_nodes(nodes: list, deadline: float) -> str:
 
 
 def sacct(job_id: str, deadline: float) -> str:
+    # Only columns Slurm writes: a job name may hold `|` and line breaks.
     r = probe.run("sacct", ["sacct", "-j", str(job_id), "-P", "-o",
-                            "JobID,JobName,Partition,User,State,ExitCode,Start,End,NodeList",
+                            "JobID,Partition,User,State,ExitCode,Start,End,NodeList",
                             "--duplicates"], deadline, max_bytes=4 << 20)
     return r.out.decode("utf-8", "replace") if r.ok else ""
 
 
 def pyslurm_job(job_id: str) -> Optional[str]:
-    """The job as `scontrol show job` text built from pyslurm, when pyslurm imports and was
-    built for the Slurm that is installed; None otherwise (the caller falls back to scontrol)."""
+    """The job as `scontrol show job --json` prints it, built from pyslurm, when pyslurm imports
+    and was built for the Slurm that is installed; None otherwise."""
     try:
         import pyslurm  # noqa: PLC0415 - optional, never imported at import time
     except Exception:
@@ -87,15 +100,18 @@ def pyslurm_job(job_id: str) -> Optional[str]:
         job = pyslurm.Job.load(int(job_id.split("_")[0]))
     except Exception:
         return None
-    fields = {"JobId": job_id, "JobName": getattr(job, "name", None),
-              "UserId": getattr(job, "user_name", None), "JobState": getattr(job, "state", None),
-              "Reason": getattr(job, "state_reason", None),
-              "Restarts": getattr(job, "requeue_count", None) or getattr(job, "restart_cnt", 0),
-              "NodeList": getattr(job, "nodes", None), "Partition": getattr(job, "partition", None),
-              "WorkDir": getattr(job, "working_directory", None),
-              "StdOut": getattr(job, "standard_output", None),
-              "StdErr": getattr(job, "standard_error", None)}
-    return " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "")) + "\n"
+    rec = {"job_id": int(job_id) if job_id.isdigit() else None,
+           "name": getattr(job, "name", None), "user_name": getattr(job, "user_name", None),
+           "user_id": getattr(job, "user_id", None), "job_state": getattr(job, "state", None),
+           "state_reason": getattr(job, "state_reason", None),
+           "restart_cnt": getattr(job, "requeue_count", None) or getattr(job, "restart_cnt", 0),
+           "nodes": getattr(job, "nodes", None), "partition": getattr(job, "partition", None),
+           "current_working_directory": getattr(job, "working_directory", None),
+           "standard_output": getattr(job, "standard_output", None),
+           "standard_error": getattr(job, "standard_error", None)}
+    # As --json prints a job: its values cannot be mistaken for keys.
+    return json.dumps({"jobs": [{k: v for k, v in rec.items() if isinstance(v, (str, int))}]},
+                      indent=1) + "\n"
 
 
 def env_info(job) -> dict:
@@ -111,14 +127,53 @@ def env_info(job) -> dict:
     return {k: v for k, v in info.items() if v not in (None, "")}
 
 
+# Facts slurmctld gives exactly (EpilogSlurmctld's environment, or squeue's fields when a
+# person runs `sattrib collect`): scontrol's record may complete them, never override them.
+EXACT = ("JobId", "JobName", "User", "Uid", "UserId", "Partition", "NodeList", "StdOut",
+         "StdErr", "WorkDir", "ArrayJobId", "ArrayTaskId")
+
+
+def job_facts(record: dict, exact: dict, notes: list) -> dict:
+    """The job's facts: `exact` ones (env_info, squeue_facts) completed by scontrol's
+    `record` (slurm_state.parse_kv). A record whose name, uid or working directory differ
+    from the exact ones was misread (a field the job's user wrote holds a line break): only its
+    job id is used, and a note says why."""
+    why = record.get("Ambiguous") or next(
+        (f"its {k} is not the one slurmctld gave" for k in ("JobName", "Uid", "WorkDir")
+         if exact.get(k) and record.get(k) not in (None, "", exact[k])), "")
+    if why:
+        notes.append(f"scontrol's record of job {record.get('JobId')} was not used: {why}")
+        record = {"JobId": record["JobId"]} if record.get("JobId") else {}
+    return {**exact, **record, **{k: exact[k] for k in EXACT if exact.get(k)}}
+
+
+def squeue_facts(job_id: str, deadline: float) -> dict:
+    """Whose job it is, as squeue prints it (fields Slurm writes, the name last and whole):
+    what `sattrib collect` has in place of EpilogSlurmctld's environment. {} when squeue does
+    not show exactly this one job."""
+    r = probe.run("squeue", ["squeue", "-h", "-t", "all", "-j", str(job_id), "-o",
+                             "%A|%U|%u|%P|%N|%j"], deadline, max_bytes=1 << 20)
+    out = r.out.decode("utf-8", "replace").removesuffix("\n")      # the name ends the line
+    m = re.fullmatch(r"(\d+)\|(\d+)\|([^|\n]*)\|([^|\n]*)\|([^|\n]*)\|(.*)", out,
+                     re.S) if r.ok else None
+    if not m or (job_id.isdigit() and m.group(1) != job_id):
+        return {}
+    jid, uid, user, partition, nodes, name = m.groups()
+    out = {"JobId": jid, "Uid": uid, "User": user, "UserId": f"{user}({uid})",
+           "Partition": partition, "JobName": name}
+    if nodes and nodes != "(null)":
+        out["NodeList"] = nodes
+    return out
+
+
 def wait_final(job_id: str, deadline: float, poll: float = 1.0):
     """`scontrol show job` until the job has left COMPLETING (or the deadline passes)."""
     import time
     text, err = "", ""
     while True:
         text, err = scontrol_job(job_id, min(deadline, time.monotonic() + 10))
-        jobs = slurm_state.parse_scontrol(text) if text else []
-        if not jobs or (jobs[0].state or "") not in FINAL_WAIT_STATES:
+        state = slurm_state.parse_kv(text, job_id).get("JobState") if text else None
+        if (state or "") not in FINAL_WAIT_STATES:
             return text, err
         if time.monotonic() + poll > deadline:
             return text, err

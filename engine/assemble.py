@@ -13,7 +13,7 @@ from .lineparse import iso_utc
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Metric,
                      Symptom)
 from .taxonomy import TRUST, Action, Outcome, Role, Source, Tag
-from .verdict import cause_action, cause_trust, rank_list
+from .verdict import cause_action, cause_blame, cause_trust, contradicted_by, rank_list
 from .xid import meaning as xid_meaning
 
 MAX_EVIDENCE_PER_GROUP = 3
@@ -116,7 +116,9 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
                             rank=inc.rank(links), summary=_explain(inc.first),
                             first_seen=_stamp(inc.first),
                             evidence=ev_ids, rule=inc.first.rule.id, action=text,
-                            action_code=code, trust=cause_trust(inc)))
+                            action_code=code, trust=cause_trust(inc),
+                            blame=cause_blame(inc),
+                            contradicted_by=contradicted_by(inc, events)))
 
     symptoms = []
     for k in group_keys:

@@ -14,7 +14,9 @@ Columns (tab-separated, first line the header, `#` lines are comments):
     category      a contract category, or - for none
     action        an Action value, or - for the rule's own
     flags         comma list: weak (program-level or "maybe" evidence), last_resort (a root
-                  only when nothing else in the job is), or -
+                  only when nothing else in the job is), blame=<machine|workload|
+                  site_environment|scheduler> (whose fault the row's category is here, where the
+                  message says otherwise than the category's own blame), or -
     explained_by  comma list of families (gpu, nvlink, network, storage, workload) whose
                   trusted incident on the same node explains this message, or -
     emitter       repository and file that print the message (owner/repo path)
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from .matcher import BytesPattern, PatternError, check_linear, _parse
-from .taxonomy import FAMILY, Action, Category, Role
+from .taxonomy import FAMILY, Action, Blame, Category, Role
 
 import re2
 
@@ -62,6 +64,7 @@ class Row:
     weak: bool
     last_resort: bool
     explained_by: tuple[str, ...]
+    blame: Optional[Blame]
     emitter: str
     version: str
     example: str
@@ -96,9 +99,17 @@ def _row(fields: dict, where: str) -> Row:
     except ValueError as e:
         raise CatalogError(f"{where}: {e}") from None
     flags = {f.strip() for f in (_opt(fields["flags"]) or "").split(",") if f.strip()}
-    if flags - FLAGS:
-        raise CatalogError(f"{where}: unknown flag(s) {sorted(flags - FLAGS)} (known: weak, "
-                           "last_resort)")
+    blames = {f for f in flags if f.startswith("blame=")}
+    if flags - FLAGS - blames:
+        raise CatalogError(f"{where}: unknown flag(s) {sorted(flags - FLAGS - blames)} (known: "
+                           "weak, last_resort, blame=...)")
+    if len(blames) > 1 or blames and category is None:
+        raise CatalogError(f"{where}: one blame= flag, on a row with a category")
+    try:
+        blame = Blame(blames.pop().partition("=")[2]) if blames else None
+    except ValueError:
+        raise CatalogError(f"{where}: blame must be one of "
+                           f"{', '.join(b.value for b in Blame)}") from None
     fams = tuple(f.strip() for f in (_opt(fields["explained_by"]) or "").split(",")
                  if f.strip())
     if set(fams) - set(FAMILIES):
@@ -123,7 +134,7 @@ def _row(fields: dict, where: str) -> Row:
             raise CatalogError(f"{where}: {col} is empty")
     return Row(rule=fields["rule"].strip(), match=pattern, rx=rx, role=role, teardown=teardown,
                category=category, action=action, weak="weak" in flags,
-               last_resort="last_resort" in flags, explained_by=fams,
+               last_resort="last_resort" in flags, explained_by=fams, blame=blame,
                emitter=fields["emitter"].strip(), version=fields["version"].strip(),
                example=fields["example"], note=fields["note"].strip(), where=where)
 

@@ -41,6 +41,7 @@ class Event:
     last_resort: bool = False       # a root only when nothing else in the job is one
     explained_by: tuple = ()        # families whose trusted incident on the node explains it
     catalog_row: str = ""           # "<catalog>:<line>" of the row that classified it
+    blame: Optional[tuple] = None   # (category, Blame) its rule or catalog row declares
     tags: frozenset = frozenset()   # rebound, never mutated: most events carry none
     peer: Optional[str] = None      # host or address this line blames (a locator)
     when: Optional[float] = None    # instant stated inside the message (CANCELLED AT ...)

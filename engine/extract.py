@@ -20,7 +20,8 @@ def extract(lines: Iterable[Line], rules: RuleSet, tc: TimeContext,
     for ln in lines:
         cands = line_rules(ln, rules, by_source)
         found = ln.found
-        hits, kernel_looking = select(ln, cands, lambda c: captures(c, ln.message, found))
+        hits, kernel_looking = select(ln, cands, lambda c: captures(
+            c, ln.message, found, ln.source is Source.kernel))
         if kernel_looking:
             # Looks like (say) a kernel line but came from rank output: not evidence.
             notes[f"{ln.doc}: kernel-looking lines in {ln.source.value} output "
@@ -72,13 +73,15 @@ def line_rules(ln: Line, rules: RuleSet, by_source: dict) -> list:
     return [rules.by_id[r] for r in ln.candidates if r in rules.by_id]
 
 
-def captures(compiled, message: str, found: Optional[dict] = None) -> Optional[dict]:
+def captures(compiled, message: str, found: Optional[dict] = None,
+             kernel: bool = False) -> Optional[dict]:
     """The groups a rule captures on a message (those that took part), or None when it does not
-    match. `found`: what the reader's search of this line's candidates already gave."""
+    match. `found`: what the reader's search of this line's candidates already gave; `kernel`:
+    the message is a kernel record, read from its start (engine/kmsg.py)."""
     if found is not None:
         hit = found.get(compiled.rule.id)
         return None if hit is None else hit[0]
-    m = compiled.search(message)
+    m = compiled.search(message, kernel)
     return None if m is None else {k: v for k, v in m.groupdict().items() if v is not None}
 
 
@@ -117,7 +120,8 @@ def _event(ln: Line, compiled, caps: dict, tc: TimeContext, row=_UNSET) -> Event
     rule = compiled.rule
     ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
                source=ln.source, node=ln.node, rank=ln.rank, action=rule.action,
-               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by))
+               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by),
+               blame=(rule.category, rule.blame) if rule.blame else None)
     _with_nccl_host(caps, ln.message)
     if "rank" in caps and caps["rank"].isdigit():
         ev.rank = int(caps["rank"])
@@ -156,6 +160,8 @@ def _classify(ev: Event, row) -> None:
     ev.last_resort = row.last_resort
     if row.explained_by:
         ev.explained_by = row.explained_by
+    if row.blame:
+        ev.blame = (row.category, row.blame)
     if row.teardown:
         ev.tag(Tag.teardown)
     ev.catalog_row = row.where

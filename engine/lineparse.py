@@ -210,6 +210,10 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
         elif (m := _FABRIC.match(line)):
             p.stamp = _sys(m, int(m.group("fy")))
             line = line[m.end():]
+    if p.kernel_form and "kernel: " in line[:72] and (m := _BARE_KERNEL.match(line)):
+        # A syslog export stamped dmesg-style: "[Sun Dec  1 14:54:40 2024] host kernel: ...".
+        p.host, p.ident = m.group("host"), "kernel"
+        line = line[m.end():]
 
     if line[:1] in "[(" or line[:1].isdigit():
         m = _MPI_TAG.match(line)

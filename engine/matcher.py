@@ -201,6 +201,14 @@ class BytesPattern:
         m = rx.search(text if isinstance(text, bytes) else text.encode("utf-8", "replace"))
         return Match(m) if m else None
 
+    def match(self, data: bytes, pos: int = 0):
+        """The match that begins exactly at byte offset `pos` of `data`, or None."""
+        rx = self.rx
+        if rx is None:
+            rx = self.rx = _re2_bytes(*self.src)
+        m = rx.match(data, pos)
+        return Match(m) if m else None
+
 
 class Prefilter:
     """Finds every occurrence of any of a set of literals in a byte buffer.

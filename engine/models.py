@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
-from .taxonomy import Action, Category, Outcome, Role, Source, Trust
+from .taxonomy import Action, Blame, Category, Outcome, Role, Source, Trust
 
 # --------------------------------------------------------------------------------------------
 # Rules (engine/rules/<domain>/<mechanism>.yaml)
@@ -261,7 +261,10 @@ class Cause(_Out):
     action: str
     action_code: Action
     trust: Trust          # the most trusted source among the cause's own evidence
+    blame: Blame          # whose fault: machine, workload, site_environment, scheduler
     user_frames: list[Frame] = field(default_factory=list)   # innermost first
+    # A second source on the culprit's node that says otherwise (verdict.contradicted_by).
+    contradicted_by: Optional[str] = None
 
 
 @_out

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .models import Record
-from .taxonomy import Action, Category, Role, Source
+from .taxonomy import Action, Blame, Category, Role, Source
 
 
 class _Strict(BaseModel):
@@ -47,6 +47,9 @@ class Rule(_Strict):
     id: str = Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
     title: str
     category: Optional[Category] = None      # None only for pure context/locator rules
+    # Whose fault the category is here, where the line says otherwise than the category's
+    # own blame (taxonomy.BLAME): the driver's own mismatch is the machine's software_incompat.
+    blame: Optional[Blame] = None
     role: Role
     source: list[Source] = Field(min_length=1)  # sources a line must come from to count
     pattern: str
@@ -85,6 +88,12 @@ class Rule(_Strict):
     @classmethod
     def _one_or_many(cls, v):
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _blame_needs_category(self):
+        if self.blame is not None and self.category is None:
+            raise ValueError("blame says whose fault the rule's category is: it needs a category")
+        return self
 
 
 def record(v):

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from . import decode
+from . import decode, kmsg
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
 from .matcher import PatternError, Prefilter, compile_rule_pattern
+from .taxonomy import Source
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
 
@@ -69,9 +70,18 @@ class CompiledRule:
     path: str
     rows: tuple = ()     # message-catalog rows that refine this rule's hits (catalog.Row)
 
-    def search(self, message):
-        """RE2 search on a line (str or its UTF-8 bytes); None or a match with str groups."""
-        return self.rx.search(message)
+    def search(self, message, kernel: bool = False):
+        """RE2 search on a line (str or its UTF-8 bytes); None or a match with str groups.
+        On a kernel record (`kernel`) only a match that begins where the record's own words
+        do (engine/kmsg.py): text the kernel quotes from users never starts one."""
+        if not kernel:
+            return self.rx.search(message)
+        data = message if isinstance(message, bytes) else message.encode("utf-8", "replace")
+        for pos in kmsg.starts(data):
+            m = self.rx.match(data, pos)
+            if m:
+                return m
+        return None
 
 
 class RuleSet:
@@ -198,6 +208,18 @@ def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
                    problems)
 
 
+# A kernel record that quotes a user's path: a kernel rule reads none of what it quotes.
+QUOTED = 'audit: type=1400 audit(0.0:1): exe="{}"'
+
+
+def read_as_kernel(rule: Rule, p) -> bool:
+    """Whether an example line (split_prefix's `p`) is read as a kernel record: the rule reads
+    kernel records and the line is one by its form, or the rule reads nothing else."""
+    src = rule.source
+    return Source.kernel in src and (p.kernel_form or p.ident == "kernel" or
+                                     src == [Source.kernel])
+
+
 def check_catalog_examples(rs: RuleSet, prefix: str = "") -> list[str]:
     """Every catalog row's example (of the rows whose file starts with prefix) is a hit of its
     rule and is classified by that row."""
@@ -206,8 +228,9 @@ def check_catalog_examples(rs: RuleSet, prefix: str = "") -> list[str]:
         for row in c.rows:
             if not row.where.startswith(prefix):
                 continue
-            msg = split_prefix(clean(row.example), srun=True).message
-            m = c.search(msg)
+            p = split_prefix(clean(row.example), srun=True)
+            msg = p.message
+            m = c.search(msg, read_as_kernel(c.rule, p))
             if not m:
                 errors.append(f"{row.where}: rule {c.rule.id} does not match the example "
                               f"{row.example!r}")
@@ -224,8 +247,9 @@ def check_examples(c: CompiledRule) -> list[str]:
     """Run a rule's own examples; returns the failures as readable lines."""
     errors = []
     for ex in c.rule.examples.match:
-        msg = split_prefix(clean(ex.line), srun=True).message
-        m = c.search(msg)
+        p = split_prefix(clean(ex.line), srun=True)
+        msg = p.message
+        m = c.search(msg, read_as_kernel(c.rule, p))
         if not m:
             errors.append(f"{c.path}: does not match its example: {ex.line!r}")
             continue
@@ -237,9 +261,13 @@ def check_examples(c: CompiledRule) -> list[str]:
         if not any((lit.lower() in ex.line.lower()) if c.caseless else (lit in ex.line)
                    for lit in c.literals):
             errors.append(f"{c.path}: prefilter literals {c.literals} miss {lines[0]!r}")
+        if Source.kernel in c.rule.source and c.search(QUOTED.format(msg), True):
+            errors.append(f"{c.path}: matches its example quoted in a kernel record "
+                          f"({QUOTED.format('...')!r}): begin the pattern with the emitter's "
+                          "own words")
     for ex in c.rule.examples.no_match:
-        msg = split_prefix(clean(ex.line), srun=True).message
-        if c.search(msg):
+        p = split_prefix(clean(ex.line), srun=True)
+        if c.search(p.message, read_as_kernel(c.rule, p)):
             errors.append(f"{c.path}: matches its no_match example: {ex.line!r}")
     return errors
 

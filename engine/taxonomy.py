@@ -5,6 +5,7 @@ these exact strings. The others are ours, but closed: a rule file naming a value
 validation.
 """
 from enum import Enum
+from typing import NamedTuple
 
 
 class Category(str, Enum):
@@ -44,13 +45,43 @@ FAMILY = {
 TERMINATORS = {Category.scheduler_timelimit, Category.scheduler_preemption,
                Category.scheduler_cancelled}
 
-# Categories whose events are facts about the machine (a GPU, link, port, memory, filesystem)
-# rather than about the user's program. They beat the program-side cascades they cause.
+# Categories whose trusted events lead their incident: facts about the machine or the system
+# (a GPU, link, port, memory, filesystem, the OOM killer) rather than about the user's
+# program. They beat the program-side cascades they cause. Which of them are the machine's
+# fault is another question: BLAME below.
 INFRASTRUCTURE = {Category.gpu_hardware, Category.gpu_memory_ecc, Category.pcie,
                   Category.thermal_power, Category.nvlink, Category.nvswitch_fabric,
                   Category.network_ib, Category.network_config, Category.storage_io,
                   Category.host_oom, Category.software_incompat,
                   Category.scheduler_node_failure}
+
+
+class Blame(str, Enum):
+    """Whose fault a cause is. Only the machine's faults (on trusted evidence: machine_fault)
+    count against a node: hotspots, repeat-offender escalation, the drain list and drains."""
+    machine = "machine"                    # the node and its parts, its own driver install
+    workload = "workload"                  # the job: its code, inputs, memory use, its own
+                                           # environment (site-packages, conda, container)
+    site_environment = "site_environment"  # shared by every node: filesystems, network settings
+    scheduler = "scheduler"                # the scheduler's decision: time limit, preemption
+
+
+# Each category's blame. A rule or a catalog row may say otherwise for what it matches (the
+# NVIDIA driver's own API mismatch is software_incompat and the machine's; a local disk's I/O
+# error is storage_io and the machine's): Rule.blame, a row's `blame=` flag.
+BLAME = {
+    Category.gpu_hardware: Blame.machine, Category.gpu_memory_ecc: Blame.machine,
+    Category.pcie: Blame.machine, Category.thermal_power: Blame.machine,
+    Category.nvlink: Blame.machine, Category.nvswitch_fabric: Blame.machine,
+    Category.network_ib: Blame.machine, Category.network_config: Blame.site_environment,
+    Category.application_error: Blame.workload, Category.cuda_oom: Blame.workload,
+    Category.host_oom: Blame.workload, Category.software_incompat: Blame.workload,
+    Category.storage_io: Blame.site_environment,
+    Category.scheduler_timelimit: Blame.scheduler,
+    Category.scheduler_node_failure: Blame.machine,
+    Category.scheduler_preemption: Blame.scheduler,
+    Category.scheduler_cancelled: Blame.scheduler,
+}
 
 
 class Role(str, Enum):
@@ -80,6 +111,11 @@ class Trust(str, Enum):
     job_output = "job_output"          # what the job printed: the user controls every byte
 
 
+def most_trusted(trusts) -> "Trust | None":
+    """The most trusted of these trusts (None of none)."""
+    return min(trusts, key=list(Trust).index, default=None)
+
+
 TRUST = {Source.kernel: Trust.kernel, Source.system: Trust.kernel,
          Source.gpu: Trust.node_telemetry, Source.dcgm: Trust.node_telemetry,
          Source.ib: Trust.node_telemetry, Source.probe: Trust.node_telemetry,
@@ -106,6 +142,58 @@ class Action(str, Enum):
     check_cooling_power = "check_cooling_power"
     collect_evidence = "collect_evidence"    # nothing conclusive: collect what was missing
     contact_support = "contact_support"
+
+
+class Service(NamedTuple):
+    """What an action asks of the node's service."""
+    out_of_service: bool   # the node must be emptied first: the drain policy and list act on it
+    rank: int              # its step on the escalation ladder (0: the node stays in service)
+
+
+SERVICE = {
+    Action.none: Service(False, 0), Action.resubmit: Service(False, 0),
+    Action.fix_application: Service(False, 0), Action.reduce_gpu_memory: Service(False, 0),
+    Action.reduce_host_memory: Service(False, 0), Action.extend_time_limit: Service(False, 0),
+    Action.inspect_node: Service(False, 0), Action.fix_network_config: Service(False, 0),
+    Action.check_storage: Service(False, 0), Action.fix_software: Service(False, 0),
+    Action.check_cooling_power: Service(False, 0), Action.collect_evidence: Service(False, 0),
+    Action.contact_support: Service(False, 0),
+    # A GPU reset needs the GPU idle; an NVLink or a network link is inspected and its cable or
+    # transceiver reseated with the node empty: each begins with a drain.
+    Action.reset_gpu: Service(True, 1), Action.inspect_nvlink: Service(True, 1),
+    Action.inspect_network_link: Service(True, 1),
+    Action.reboot_node: Service(True, 2),
+    Action.drain_node: Service(True, 3),     # out of service until hardware service
+}
+# The closed escalation ladder, one action per rank from 1: repeat offenders climb it.
+LADDER = (Action.reset_gpu, Action.reboot_node, Action.drain_node)
+
+
+def out_of_service(code) -> bool:
+    """Whether the action code (an Action or its value) takes the node out of service."""
+    try:
+        return SERVICE[Action(code)].out_of_service
+    except ValueError:
+        return False
+
+
+def ladder_rank(code) -> int:
+    try:
+        return SERVICE[Action(code)].rank
+    except ValueError:
+        return 0
+
+
+def blame_of(category, declared=None) -> Blame:
+    """A cause's blame: what its diagnosis declares, else its category's (a diagnosis made
+    before causes carried one)."""
+    return Blame(declared) if declared else BLAME[Category(category)]
+
+
+def machine_fault(blame, trust) -> bool:
+    """The machine's fault: blamed on the machine, on evidence the job did not write. The one
+    predicate behind hotspots, `list --infra`, escalation, drains and the drain list."""
+    return Blame(blame) == Blame.machine and Trust(trust) != Trust.job_output
 
 
 class Outcome(str, Enum):

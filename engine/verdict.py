@@ -2,38 +2,65 @@
 nothing names a cause."""
 from __future__ import annotations
 
+from typing import Optional
+
 from .correlate import Links
 from .decode import Event
 from .incident import Incident
-from .taxonomy import INFRASTRUCTURE, TRUST, Action, Category, Role, Tag, Trust
-
-# Actions that take the node out of service (their texts begin with "drain").
-OUT_OF_SERVICE = {Action.reset_gpu, Action.reboot_node, Action.drain_node, Action.inspect_nvlink,
-                  Action.inspect_network_link}
+from .taxonomy import (BLAME, INFRASTRUCTURE, TRUST, Action, Blame, Category, Role, Source, Tag,
+                       Trust, most_trusted, out_of_service)
 
 
 def cause_trust(inc: Incident) -> Trust:
     """The most trusted source among the incident's own evidence."""
-    order = list(Trust)
-    return min((TRUST[e.source] for e in inc.events), key=order.index, default=Trust.job_output)
+    return most_trusted(TRUST[e.source] for e in inc.events) or Trust.job_output
+
+
+def cause_blame(inc: Incident) -> Blame:
+    """Whose fault the incident is: what the rule or catalog row of its leading event of its
+    category declares for that category, else the category's own blame."""
+    for e in inc.events:
+        if e.category == inc.category:
+            return e.blame[1] if e.blame and e.blame[0] == e.category else BLAME[inc.category]
+    return BLAME[inc.category]
+
+
+def contradicted_by(inc: Incident, events: list[Event]) -> Optional[str]:
+    """A second source on the culprit's node that says otherwise, in one line, or None.
+
+    A GPU gone from the bus, as kernel text says, is contradicted when the node's nvidia-smi
+    answers for that very GPU (its serial or UUID) and nothing in the node's telemetry agrees
+    with the kernel: no GPU lost, no GPU hardware fault or DCGM Xid on it or node-wide, no
+    failed probe (what the job printed counts for nothing here). A GPU that fell off the bus
+    does not answer again before a reset, so the kernel line is forged (engine/kmsg.py) or
+    about another device. With no nvidia-smi record of the GPU the kernel line stands alone."""
+    if inc.gpu is None or not any(Tag.device_lost in e.tags for e in inc.events
+                                  if e.source == Source.kernel):
+        return None
+    telemetry = [e for e in events if e.node == inc.node and
+                 TRUST[e.source] == Trust.node_telemetry and e.gpu in (inc.gpu, None)]
+    answers = [e for e in telemetry if e.source == Source.gpu and e.gpu == inc.gpu
+               and e.role == Role.context]
+    agrees = [e for e in telemetry if e.source == Source.probe or Tag.device_lost in e.tags
+              or e.category == Category.gpu_hardware]
+    if not answers or agrees:
+        return None
+    return (f"nvidia-smi on {inc.node} answers for GPU {inc.gpu} and does not report it lost "
+            f"({answers[0].line.doc}:{answers[0].line.line})")
 
 
 def cause_action(inc: Incident, links: Links) -> tuple[str, Action]:
     text, code = _action(inc, links)
-    if cause_trust(inc) != Trust.job_output:
+    if cause_trust(inc) != Trust.job_output or not out_of_service(code):
         return text, code
     # Only the job's own output says so: the user controls every byte of it. Name what it
     # says, but never take a node out of service on it.
     node = inc.node or "the node"
-    if code in OUT_OF_SERVICE:
-        g = f" GPU {inc.gpu}" if inc.gpu else ""
-        return (f"inspect {node}{g} before taking it out of service: only the job's output "
-                f"reports this {inc.category.value} fault (no kernel, GPU, fabric or scheduler record); "
-                "read its kernel log and run DCGM diagnostics (dcgmi diag -r 3)",
-                Action.inspect_node)
-    if text.startswith(f"drain {node}; "):
-        text = text[len(f"drain {node}; "):]
-    return text, code
+    g = f" GPU {inc.gpu}" if inc.gpu else ""
+    return (f"inspect {node}{g} before taking it out of service: only the job's output "
+            f"reports this {inc.category.value} fault (no kernel, GPU, fabric or scheduler record); "
+            "read its kernel log and run DCGM diagnostics (dcgmi diag -r 3)",
+            Action.inspect_node)
 
 
 def _action(inc: Incident, links: Links) -> tuple[str, Action]:
@@ -92,9 +119,14 @@ def _action(inc: Incident, links: Links) -> tuple[str, Action]:
              else inc.node or "the job")
         return f"fix the error raised by {r} (see the evidence) and resubmit", \
             Action.fix_application
-    if cat == Category.software_incompat:
+    if cat == Category.software_incompat and cause_blame(inc) == Blame.machine:
         return (f"drain {node}; make its driver / CUDA / library versions consistent (reload "
-                "the NVIDIA module or reboot after driver updates)", Action.fix_software)
+                "the NVIDIA module or reboot after driver updates)", Action.reboot_node)
+    if cat == Category.software_incompat:
+        return (f"fix the job's software environment on {node}: the CUDA, NCCL and other "
+                "libraries it loads must fit the node's driver, each other and the GPU (two "
+                "copies of a library in ~/.local or the container, a build for another GPU "
+                "architecture)", Action.fix_software)
     if cat == Category.storage_io:
         return (f"check the filesystem seen from {node} (server, OSTs, client eviction); "
                 "resubmit from the last good checkpoint", Action.check_storage)

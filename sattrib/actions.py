@@ -5,8 +5,10 @@ diagnosis JSON stays a function of the evidence alone: what is decided here depe
 cluster's state and history, so it is stored beside it (tables `actions` and `escalations`,
 and `actions.json` in the bundle) and shown with it, never written into it.
 
-Etiquette (after LBNL NHC): a node is drained only for an `attributed` diagnosis whose action
-takes the node out of service and whose root cause is not job output alone; a node that is
+Etiquette (after LBNL NHC): a node is drained only for an `attributed` diagnosis that is the
+machine's fault (engine.taxonomy.machine_fault: blamed on the machine, not on job output alone)
+and whose action takes the node out of service (engine.taxonomy.SERVICE), nor contradicted by a
+second source on the node (the decision is then "held"); a node that is
 already drained, down or reserved, or carries a reason, is left as it is; at most
 `drain_max_per_hour` nodes an hour and `drain_max_partition_percent` of a partition (at least
 one node) are drained, past that the decision is "would-drain". Every decision is recorded.
@@ -27,12 +29,10 @@ from typing import Optional
 
 from .collectors import probe
 from .engine.hostlist import compress, expand
-from .engine.taxonomy import INFRASTRUCTURE, Category
+from .engine.taxonomy import LADDER, blame_of, ladder_rank, machine_fault, out_of_service
 
 log = logging.getLogger("sattrib.actions")
 
-OUT_OF_SERVICE = ("reset_gpu", "reboot_node", "drain_node")   # each needs the node empty
-LADDER = OUT_OF_SERVICE                                      # the closed escalation ladder
 REASON_PREFIX = "sattrib:"
 BUSY_STATES = ("DRAIN", "DOWN", "FAIL", "MAINT", "RESERVED", "REBOOT", "POWER")
 
@@ -41,9 +41,11 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _trusted_infra(cause: Optional[dict]) -> bool:
-    return bool(cause and cause.get("node") and cause.get("trust") != "job_output"
-                and Category(cause["category"]) in INFRASTRUCTURE)
+def _machine_fault(cause: Optional[dict]) -> bool:
+    """The cause is its node's: blamed on the machine, on evidence the job did not write."""
+    return bool(cause and cause.get("node") and cause.get("trust")
+                and machine_fault(blame_of(cause["category"], cause.get("blame")),
+                                  cause["trust"]))
 
 
 # -- repeat offenders ---------------------------------------------------------------------------
@@ -60,23 +62,23 @@ def culprit_key(root: dict) -> tuple[str, str, list]:
 
 
 def escalation(conn, did: str, d: dict, st, now: float) -> Optional[dict]:
-    """The same GPU (or node) as the trusted culprit of `repeat_threshold` failed jobs within
-    `repeat_window_days`: the action moves up the ladder reset_gpu -> reboot_node -> drain_node
-    one step at the threshold and one more at each further multiple of it."""
+    """The same GPU (or node) as the culprit of `repeat_threshold` failed jobs within
+    `repeat_window_days`, each the machine's fault (store.cause_columns): the action moves up
+    the ladder reset_gpu -> reboot_node -> drain_node one step at the threshold and one more
+    at each further multiple of it."""
     root = d.get("root_cause")
-    if d.get("outcome") != "attributed" or not _trusted_infra(root):
+    if d.get("outcome") != "attributed" or not _machine_fault(root):
         return None
     label, cond, args = culprit_key(root)
     since = _iso(now - st.repeat_window_days * 86400)
     rows = conn.execute(
         "SELECT cluster, job_id, restart, category, created_at FROM diagnoses "
-        f"WHERE {cond} AND outcome = 'attributed' AND created_at >= ? AND id != ? "
-        "AND json_extract(diagnosis_json, '$.root_cause.trust') != 'job_output' "
+        f"WHERE {cond} AND machine_fault = 1 AND created_at >= ? AND id != ? "
         "ORDER BY created_at, id", args + [since, did]).fetchall()
     cluster, job_id = did.split("/")[0], d.get("job_id")
     earlier, seen = [], {(cluster, job_id)}
     for c, j, r, cat, at in rows:
-        if (c, j) not in seen and Category(cat) in INFRASTRUCTURE:
+        if (c, j) not in seen:
             seen.add((c, j))
             earlier.append({"cluster": c, "job_id": j, "restart": r, "category": cat,
                             "created_at": at})
@@ -85,8 +87,9 @@ def escalation(conn, did: str, d: dict, st, now: float) -> Optional[dict]:
     if failures < k:
         return None
     base = root["action_code"]
-    level = LADDER.index(base) if base in LADDER else (-1 if root.get("gpu") else 0)
-    to = LADDER[min(level + 1 + (failures - k) // k, len(LADDER) - 1)]
+    # Below the ladder, a culprit without a GPU starts past the GPU reset.
+    rank = ladder_rank(base) or (0 if root.get("gpu") else 1)
+    to = LADDER[min(rank + (failures - k) // k, len(LADDER) - 1)]
     return {"culprit": label, "node": root["node"], "gpu": root.get("gpu"),
             "failures": failures, "threshold": k, "window_days": st.repeat_window_days,
             "from": base, "to": to, "earlier_jobs": earlier}
@@ -163,8 +166,8 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
     """One recorded decision about draining the culprit, or None when nothing proposes it."""
     root = d.get("root_cause")
     causes = [root] if root else d.get("candidates") or []
-    if st.drain == "off" or not any(c.get("node") and (action if c is root else
-                                    c.get("action_code")) in OUT_OF_SERVICE for c in causes):
+    if st.drain == "off" or not any(c.get("node") and out_of_service(
+            action if c is root else c.get("action_code")) for c in causes):
         return None
     node = (root or causes[0]).get("node")
 
@@ -177,6 +180,12 @@ def decide_drain(conn, did: str, d: dict, action: str, st, now: float) -> Option
                               "ambiguous or unattributed diagnosis")
     if root.get("trust") == "job_output":
         return out("refused", "the root cause rests on the job's own output only")
+    if not _machine_fault(root):
+        return out("refused", f"{root['category']} is not the machine's fault "
+                              f"({blame_of(root['category'], root.get('blame')).value})")
+    if root.get("contradicted_by"):
+        # A second source on the node says otherwise: the kernel line alone does not drain it.
+        return out("held", f"{root['contradicted_by']}: the kernel line alone drains nothing")
     job_nodes = (d.get("job") or {}).get("nodes") or []
     if job_nodes and node not in job_nodes:
         return out("refused", f"{node} did not run this job")
@@ -244,14 +253,14 @@ def requeue_around(d: dict, st, now: float) -> Optional[dict]:
     root = d.get("root_cause")
     partition = (d.get("job") or {}).get("partition") or ""
     if (partition.split(",")[0] not in st.requeue_exclude_partitions
-            or d.get("outcome") != "attributed" or not _trusted_infra(root)):
+            or d.get("outcome") != "attributed" or not _machine_fault(root)):
         return None
     node, job_id = root["node"], d.get("job_id")
-    r = _scontrol(["show", "job", "-o", str(job_id)], st.action_timeout_s)
+    r = _scontrol(["show", "job", str(job_id)], st.action_timeout_s)
     if not r.ok:
         return None
     from .collectors.slurm_state import parse_kv
-    job = parse_kv(r.out.decode("utf-8", "replace"))
+    job = parse_kv(r.out.decode("utf-8", "replace"), str(job_id))   # no state if ambiguous
     restarts = int(job.get("Restarts") or 0) if (job.get("Restarts") or "").isdigit() else 0
     if job.get("JobState") not in ("PENDING", "REQUEUED") or restarts <= int(d.get("restart") or 0):
         return None                       # Slurm does not run this job again
@@ -318,8 +327,14 @@ def notify(body: dict, st) -> dict:
     return {"decision": "failed", "detail": f"not sent after {attempt + 1} attempts: {err}"}
 
 
+# A user name as POSIX spells a portable one: never an option to mail_prog (no leading `-`).
+MAIL_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
 def mail(body: dict, user: str, st) -> dict:
-    """`mail_prog -s SUBJECT USER` with the text on stdin, as Slurm's MailProg is run."""
+    """`mail_prog -s SUBJECT USER` with the text on stdin, as Slurm's MailProg is run (with no
+    `--`, which a site's MailProg script may not expect): USER is the job's user as slurmctld
+    names it, and only a portable user name (MAIL_USER) is ever passed."""
     subject = f"sattrib: job {body['job_id']} {body['outcome']}" + (
         f" ({body['category']})" if body.get("category") else "")
     text = (f"{body['summary']}\n\nAction: {body['action']}\n\n"
@@ -361,12 +376,12 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
         acts.append(rq)
     root = d.get("root_cause")
     body = payload(did, d, acts, esc, st)
-    if st.notify_url and (_trusted_infra(root) and d.get("outcome") == "attributed" or esc
+    if st.notify_url and (_machine_fault(root) and d.get("outcome") == "attributed" or esc
                           or any(a["decision"] in ("taken", "would-drain") for a in acts)):
         acts.append(dict(notify(body, st), kind="notify", node=None, command=None,
                          created_at=_iso(now)))
     user = (d.get("job") or {}).get("user")
-    if st.mail_prog and user and re.fullmatch(r"[A-Za-z0-9._-]+", user):
+    if st.mail_prog and user and MAIL_USER.fullmatch(user):
         acts.append(dict(mail(body, user, st), kind="mail", node=None, command=None,
                          created_at=_iso(now)))
     db.record_actions(did, acts, esc)

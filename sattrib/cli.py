@@ -244,7 +244,7 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
 @main.command("list", epilog="""\b
 Examples:
   sattrib list                              failed jobs diagnosed since midnight
-  sattrib list -S 7d --infra                infrastructure faults of the last week
+  sattrib list -S 7d --infra                the machine's faults of the last week
   sattrib list -S 2026-11-01 --node gpu-a017
   sattrib list --category nvlink --json
 """)
@@ -258,7 +258,8 @@ Examples:
 @click.option("--outcome", type=click.Choice(["attributed", "ambiguous", "unattributed"]))
 @click.option("--state", "-s", help="Only this final job state (FAILED, TIMEOUT, NODE_FAIL...).")
 @click.option("--infra", is_flag=True,
-              help="Only infrastructure faults (GPU, NVLink, network, storage, versions, node).")
+              help="Only the machine's faults (GPU, NVLink, network port, the node's own disk "
+                   "or driver, node failure) on evidence the job did not write.")
 @click.option("--cluster", help="Only this cluster.")
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--parsable", "-P", is_flag=True, help="Rows separated by '|', as sacct -P.")
@@ -319,7 +320,7 @@ def _table(table: list, parsable: bool) -> None:
 
 @main.command(epilog="""\b
 Examples:
-  sattrib hotspots                 nodes with the most infrastructure faults, last 30 days
+  sattrib hotspots                 nodes with the most machine faults, last 30 days
   sattrib hotspots --gpu -S 90d    GPUs (node + PCI address), last 90 days
 """)
 @click.option("-S", "--since", default="30d", show_default=True,
@@ -332,8 +333,9 @@ Examples:
 @click.option("--database", help="Database file.")
 @click.pass_context
 def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
-    """Nodes (or GPUs) named most often as the culprit of an infrastructure fault; a user's
-    exception or OOM is never counted as the node's (admins)."""
+    """Nodes (or GPUs) named most often as the culprit of the machine's fault, on evidence the
+    job did not write; a user's exception, OOM or own libraries, a shared filesystem, or a
+    hardware line only the job printed is never counted as the node's (admins)."""
     from .lookup import hotspot_rows, parse_since
     conn, db_path = _admin_db(ctx, database, "the hotspot list")
     since = parse_since(since)
@@ -343,7 +345,7 @@ def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no infrastructure faults since {since}", err=True)
+        click.echo(f"no machine faults since {since}", err=True)
         return
     head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST (UTC)") if gpu else \
         ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST (UTC)")

@@ -194,7 +194,7 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     # would wait as long (scontrol retries a missing slurm.conf for 60 s).
     if not text:
         text = slurm_job.pyslurm_job(job_id) or ""
-    info = slurm_job.kv(text) if text else {}
+    info = slurm_job.kv(text, job_id) if text else {}
     if not info and env_job is None:
         if _UNREACHABLE.search(err or ""):
             raise UserError(f"cannot reach slurmctld ({err.strip()})",
@@ -207,9 +207,12 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
         notes.append(f"scontrol show job {job_id} failed ({err or 'no output'}): the "
                      "scheduler's record is missing; the job's facts are those slurmctld "
                      "passed to EpilogSlurmctld")
-    if env_job is not None:
-        # What slurmctld passed in the environment fills what scontrol did not say.
-        info = {**slurm_job.env_info(env_job), **info}
+    # Whose job it is, its name, partition, nodes and output paths exactly as slurmctld gives
+    # them (EpilogSlurmctld's environment; by hand, squeue's fields): scontrol's text, which
+    # holds what the job's user wrote, completes them and never overrides them.
+    exact = (slurm_job.env_info(env_job) if env_job is not None
+             else slurm_job.squeue_facts(job_id, min(deadline, time.monotonic() + 10)))
+    info = slurm_job.job_facts(info, exact, notes)
     if restart is None:
         restart = env_job.restart if env_job else int(info.get("Restarts") or 0)
         if env_job is None and (info.get("JobState") in ("PENDING", "REQUEUED")) and restart:
@@ -221,11 +224,12 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     # The run's own start and end: once a requeued job is PENDING again, scontrol shows the
     # next run's times; the first reading (COMPLETING) still had this run's start.
     from .collectors.slurm_state import parse_time
-    first_kv = slurm_job.kv(first) if first else {}
-    run = {"start_time": parse_time(first_kv.get("StartTime")) or (
-               env_job.start if env_job else None),
-           "end_time": parse_time(info.get("EndTime")) or parse_time(first_kv.get("EndTime")) or (
-               (env_job.end or round(ended)) if env_job is not None else None)}
+    first_kv = slurm_job.job_facts(slurm_job.kv(first, job_id), exact, []) if first else {}
+    run = {"start_time": (env_job.start if env_job else None)
+           or parse_time(first_kv.get("StartTime")),
+           "end_time": (env_job.end if env_job else None) or parse_time(info.get("EndTime"))
+           or parse_time(first_kv.get("EndTime"))
+           or (round(ended) if env_job is not None else None)}
 
     lock = _lock(Path(st.bundle_dir) / cluster / ".locks" / f"{job_id}.{restart}",
                  max(min(120, hard - time.monotonic()), 1))
@@ -338,7 +342,8 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     os.mkdir(tmp, 0o700)            # nobody else can enter it until it is sealed below
     (tmp / "slurm").mkdir()
     if job_text:
-        (tmp / "slurm" / "job.txt").write_text(job_text)
+        name = "job.json" if job_text.lstrip().startswith("{") else "job.txt"
+        (tmp / "slurm" / name).write_text(job_text)
     if nodes_text:
         (tmp / "slurm" / "nodes.txt").write_text(nodes_text)
     if sacct_text.count("\n") > 1:

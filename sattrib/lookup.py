@@ -107,8 +107,10 @@ def _rows(conn: sqlite3.Connection, path: Path, sql: str, args: list) -> list[di
     try:
         cur = conn.execute(sql, args)
     except sqlite3.OperationalError as e:
-        raise UserError(f"cannot read {path}: {e}",
-                        "is it a sattrib database? run `sattrib demo` to create one") from None
+        hint = ("it was written by an older sattrib: the controller's worker upgrades it when "
+                "it next stores a diagnosis" if "no such column" in str(e) else
+                "is it a sattrib database? run `sattrib demo` to create one")
+        raise UserError(f"cannot read {path}: {e}", hint) from None
     cols = [c[0] for c in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
@@ -142,10 +144,6 @@ def parse_since(text: str, now: Optional[float] = None) -> str:
     return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-INFRA_SQL = ("(family IN ('gpu', 'nvlink', 'network', 'storage') "
-             "OR category IN ('software_incompat', 'scheduler_node_failure'))")
-
-
 def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optional[str] = None,
                   cluster=None, user=None, partition=None, category=None, node=None,
                   outcome=None, state=None, infra: bool = False,
@@ -168,7 +166,7 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
                      "WHERE value = ?))")
         args += [node, node]
     if infra:
-        where.append(INFRA_SQL)
+        where.append("machine_fault = 1")        # store.cause_columns: the machine's fault
     sql = ("SELECT cluster, job_id, restart, user, partition, job_name, job_state, outcome, "
            "category, "
            f"culprit_node, culprit_gpu, culprit_rank, action_code, summary, {when} AS ended "
@@ -178,9 +176,10 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
 
 def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = False,
                  cluster=None, limit: int = 20) -> list[dict]:
-    """Culprits of infrastructure faults since `since`, most often first (the dashboard's
-    hotspot pages, on the command line)."""
-    where = ["created_at >= ?", "outcome = 'attributed'", INFRA_SQL]
+    """Culprits of the machine's faults (blamed on the machine, on evidence the job did not
+    write) since `since`, most often first (the dashboard's hotspot pages, on the command
+    line)."""
+    where = ["created_at >= ?", "outcome = 'attributed'", "machine_fault = 1"]
     args: list = [since]
     if cluster:
         where.append("cluster = ?")

@@ -7,7 +7,7 @@ import os
 import click
 
 from .engine.hostlist import compress
-from .engine.taxonomy import INFRASTRUCTURE, Category
+from .engine.taxonomy import Blame, blame_of
 
 MAX_EVIDENCE_LINES = 8
 MAX_SYMPTOMS = 8
@@ -109,7 +109,8 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
             label = "in your code:" if i == 0 else "called from: "
             out.append(f"  {label} " + _c(f"{f['file']}:{f['line']}", bold=i == 0) +
                        f" in {f['function']}")
-        if c.get("trust") == "job_output" and Category(c["category"]) in INFRASTRUCTURE:
+        if (c.get("trust") == "job_output"
+                and blame_of(c["category"], c.get("blame")) == Blame.machine):
             out.append("  evidence: the job's own output only (no kernel, GPU or scheduler record)")
         if c.get("first_seen"):
             out.append(f"  first seen {c['first_seen']}")

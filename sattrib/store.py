@@ -244,6 +244,54 @@ def m008_filter_scan_index(db: sqlite_utils.Database):
                                   "outcome", "culprit_node"], index_name="idx_diagnoses_filter")
 
 
+@migrations()
+def m009_blame(db: sqlite_utils.Database):
+    """Whose fault each root cause is, written from engine/taxonomy.py so that the hotspots,
+    `sattrib list --infra`, the node and GPU pages and the drain list read one stored answer:
+    blame and trust of the root cause, machine_fault (blamed on the machine, on evidence the job
+    did not write) and out_of_service (its action code empties the node). Rows already stored
+    are filled from their diagnosis: one made before causes carried a blame takes its
+    category's, and one made before they carried a trust takes its evidence's sources."""
+    for col, kind in (("blame", str), ("trust", str), ("machine_fault", int),
+                      ("out_of_service", int)):
+        db["diagnoses"].add_column(col, kind)
+    rows = db.execute("""
+        select d.id, d.category, d.action_code,
+               json_extract(d.diagnosis_json, '$.root_cause.blame'),
+               json_extract(d.diagnosis_json, '$.root_cause.trust'),
+               case when json_extract(d.diagnosis_json, '$.root_cause.trust') is null then
+                 (select group_concat(e.source) from evidence e
+                  where e.diagnosis_id = d.id and e.eid in (
+                    select value from json_each(d.diagnosis_json, '$.root_cause.evidence')))
+               end
+        from diagnoses d where json_valid(d.diagnosis_json)""").fetchall()
+    db.conn.executemany(
+        "update diagnoses set blame = :blame, trust = :trust, machine_fault = :machine_fault, "
+        "out_of_service = :out_of_service where id = :id",
+        [dict(cause_columns(category and {"category": category, "blame": blame,
+                                          "trust": trust or _trust_of(sources)}, action_code),
+              id=did)
+         for did, category, action_code, blame, trust, sources in rows])
+
+
+def cause_columns(root: Optional[dict], action_code: Optional[str]) -> dict:
+    """The stored columns that say whose fault a root cause is (see m009_blame)."""
+    from .engine.taxonomy import blame_of, machine_fault, out_of_service
+    blame = blame_of(root["category"], root.get("blame")).value if root else None
+    trust = (root or {}).get("trust")
+    return {"blame": blame, "trust": trust,
+            "machine_fault": int(bool(trust) and machine_fault(blame, trust)),
+            "out_of_service": int(out_of_service(action_code))}
+
+
+def _trust_of(sources: Optional[str]) -> Optional[str]:
+    """The most trusted of a cause's evidence sources (comma list), as the engine decides it."""
+    from .engine.taxonomy import TRUST, Source, most_trusted
+    known = {s.value for s in Source}
+    trust = most_trusted(TRUST[Source(s)] for s in (sources or "").split(",") if s in known)
+    return trust.value if trust else None
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -313,6 +361,7 @@ class Store:
             "rules_version": d.get("rules_version"), "engine_version": d.get("engine_version"),
             "gpu_uuid": root.get("gpu_uuid"), "gpu_serial": root.get("gpu_serial"),
             "root_rule": root.get("rule"),
+            **cause_columns(d.get("root_cause"), d.get("action_code")),
             "updated_at": now, "bundle_path": bundle_path,
             "diagnosis_json": json.dumps(d, sort_keys=True),
         }

@@ -3,6 +3,7 @@ the rate limits, repeat-offender escalation, the recorded decisions and `sattrib
 The same behaviour on a real Slurm cluster: tests/integration/test_slurm_actions.py."""
 import json
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -88,6 +89,19 @@ def test_dry_run_records_the_command_and_changes_nothing(tmp_path, slurm):
 def test_job_output_only_cause_is_never_drained(tmp_path, slurm):
     got = run(settings(tmp_path), "app_exception_fake_kernel_lines")
     assert got["actions"] == [] and slurm.calls() == []
+
+
+def test_a_lost_gpu_that_nvidia_smi_answers_for_is_held_not_drained(tmp_path, slurm):
+    """The kernel says GPU 0000:3b:00.0 of gn02 fell off the bus; gn02's nvidia-smi, taken after
+    the job, answers for that very GPU with no fault: a second source says otherwise."""
+    case = tmp_path / "case"
+    shutil.copytree(CASES / "xid79_srun_combined_log", case)
+    shutil.copy(CASES.parent / "data" / "samples" /
+                "nvidia-smi-q.h100-8gpu.535.161.08.healthy.txt", case / "gn02" / "nvidia-smi.txt")
+    (a,) = run(settings(tmp_path), case)["actions"]
+    assert (a["kind"], a["decision"], a["node"]) == ("drain", "held", "gn02")
+    assert a["detail"].startswith("nvidia-smi on gn02 answers for GPU 0000:3b:00.0")
+    assert not [c for c in slurm.calls() if c.startswith("update")]
 
 
 def test_a_reason_set_by_someone_else_is_kept(tmp_path, slurm):

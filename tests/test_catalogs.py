@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from sattrib.engine.catalog import BUILTIN_DIR, catalog_files
+from sattrib.engine.lineparse import clean, split_prefix
 from sattrib.engine.rules import check_catalog_examples
 
 OMITTED = sorted(BUILTIN_DIR.glob("*.omitted.txt"))
@@ -19,6 +20,19 @@ def emitter_of(path: Path) -> str:
 def test_every_row_is_classified_by_itself(rules):
     assert check_catalog_examples(rules, "catalogs/") == []
     assert sum(len(c.rows) for c in rules.rules) >= 600
+
+
+def test_kernel_rows_read_from_the_start_of_the_message(rules):
+    """Kernel records quote users' names mid-line (`traps: x[1] ... in <file>`, audit's
+    `exe="<path>"`): the generic kernel catalog's rows match only at the start of the message
+    (or after the device it names first), never on the same words quoted further on."""
+    rule = rules.by_id["host.kernel_msg"]
+    rows = [row for row in rule.rows if row.where.startswith("catalogs/kernel.tsv")]
+    assert len(rows) >= 40
+    for row in rows:
+        msg = rule.search(split_prefix(clean(row.example)).message, True).group("msg")
+        assert row.search(msg), row.where
+        assert not row.search(f'audit: type=1400 audit(0.0:1): exe="{msg}"'), row.where
 
 
 def test_every_row_names_its_emitter_and_version(rules):

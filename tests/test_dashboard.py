@@ -79,16 +79,17 @@ def test_hotspots_name_the_culprits(db):
 
 
 def test_hotspots_count_infrastructure_faults_only(db):
-    # A user's exception or OOM names a node and often a GPU: never the node's or GPU's fault.
+    # A user's exception or OOM names a node and often a GPU: never the node's or GPU's fault;
+    # nor a hardware fault that only the job's output reports.
     import sqlite3
     con = sqlite3.connect(db)
+    cause = "json_extract(diagnosis_json, '$.root_cause.{}')".format
     workload = {r[0] for r in con.execute(
-        "select culprit_node from diagnoses where outcome = 'attributed' and family = 'workload'"
-        " and category != 'software_incompat' and culprit_node is not null")}
+        f"select culprit_node from diagnoses where outcome = 'attributed' and {cause('blame')}"
+        " = 'workload' and culprit_node is not null")}
     infra = {r[0] for r in con.execute(
-        "select culprit_node from diagnoses where outcome = 'attributed' and"
-        " (family in ('gpu', 'nvlink', 'network', 'storage')"
-        "  or category in ('software_incompat', 'scheduler_node_failure'))")}
+        f"select culprit_node from diagnoses where outcome = 'attributed' and {cause('blame')}"
+        f" = 'machine' and {cause('trust')} != 'job_output'")}
     user_gpus = {r for r in con.execute(
         "select culprit_node, culprit_gpu from diagnoses where outcome = 'attributed'"
         " and family = 'workload' and culprit_gpu is not null")}
@@ -346,9 +347,11 @@ def busy_db(db, tmp_path_factory):
                 "'-3 days') where id = 'test/9001/0'")
     _add(con, "test/9002/0", "2999-01-01T00:00:00Z", outcome="attributed",
          category="application_error", family="workload", culprit_node="gn02",
-         action_code="fix_application")
+         action_code="fix_application", blame="workload", trust="job_output", machine_fault=0,
+         out_of_service=0)
     _add(con, "test/9003/0", "2999-01-01T00:00:00Z", outcome="attributed",
-         category="gpu_hardware", family="gpu", culprit_node="x;reboot", action_code="drain_node")
+         category="gpu_hardware", family="gpu", culprit_node="x;reboot", action_code="drain_node",
+         blame="machine", trust="kernel", machine_fault=1, out_of_service=1)
     con.commit()
     con.close()
     return path
@@ -359,9 +362,10 @@ def test_home_page_sums_up_the_day_and_week_and_lists_nodes_to_drain(db, busy_db
     s = json.loads(body)
     assert rc == 0 and s["diagnoses"] == 16
     drain = {r["node"]: r for r in s["drain"]}
-    # Infrastructure faults whose action takes the node out; not the demo's NVLink fault
-    # (inspect_nvlink), nor any workload fault's node.
-    assert set(drain) == {"gn02", "hx2", "j2", "nf3"}
+    # The machine's faults whose action takes the node out, the demo's NVLink fault and the IB
+    # ports (inspect_nvlink, inspect_network_link: each begins with a drain) included; no
+    # workload fault's node.
+    assert set(drain) == {"gn02", "hx2", "j2", "nf3", "node-02", "r1n1", "ny2"}
     assert drain["gn02"]["scontrol"] == \
         'scontrol update NodeName=gn02 State=DRAIN Reason="sattrib:7001 gpu_hardware"'
     assert s["unexplained_7d"] == 2 and s["unexplained_share_7d"] == 0.125
@@ -529,8 +533,8 @@ def test_workload_failures_have_a_page_of_their_own(db):
     import sqlite3
     con = sqlite3.connect(db)
     want = {(u, c) for u, c in con.execute(
-        "select user, category from diagnoses where outcome = 'attributed' and family = "
-        "'workload' and category not in ('software_incompat', 'scheduler_node_failure')")}
+        "select user, category from diagnoses where outcome = 'attributed' and "
+        "json_extract(diagnosis_json, '$.root_cause.blame') = 'workload'")}
     con.close()
     _, body = get(db, "/diagnoses/workload_failures.json?_shape=array&days=3650")
     rows = json.loads(body)

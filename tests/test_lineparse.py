@@ -28,6 +28,10 @@ def test_dmesg_forms():
     assert p.kernel_form and ts is None and p.message.startswith("NVRM")
     p, _ = t("4,9921,9370042162,-;NVRM: Xid (PCI:0000:17:00): 119, x")
     assert p.kernel_form and p.message.startswith("NVRM")
+    # A syslog export stamped dmesg-style: the host and `kernel:` are peeled too.
+    p, ts = t("[Sun Dec  1 14:54:40 2024] gpu-a1 kernel: mlx5_core 0000:5c:00.0: x")
+    assert (p.host, p.ident, p.message) == ("gpu-a1", "kernel", "mlx5_core 0000:5c:00.0: x")
+    assert ts == "2024-12-01T14:54:40Z"
 
 
 def test_srun_rank_glog_and_python_logging():

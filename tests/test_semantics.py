@@ -3,17 +3,10 @@ actions, hardware over program faults, message catalogs. Each test builds a smal
 folder with lines in the shapes the emitters print."""
 import pytest
 
+from helpers import folder
 from sattrib.analysis import analyze_folder
 from sattrib.engine.catalog import CatalogError, read_catalog
 from sattrib.engine.rules import RuleError, load_rules
-
-
-def folder(tmp_path, files: dict):
-    for rel, text in files.items():
-        p = tmp_path / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return tmp_path
 
 
 def run(tmp_path, files, rules):

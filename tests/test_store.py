@@ -88,3 +88,33 @@ def test_job_nodes_and_search_indexes_follow_the_rows(tmp_path, diag):
     Store(db)
     c = sqlite3.connect(db)
     assert sorted(r[0] for r in c.execute("select node from job_nodes")) == sorted(diag.job.nodes)
+
+
+def test_blame_columns_are_filled_for_rows_stored_before_them(tmp_path, rules):
+    """A database written before the blame columns gets them from the rows it holds: a
+    diagnosis from before causes carried a blame takes its category's, one from before they
+    carried a trust takes its evidence's sources."""
+    db = tmp_path / "d.db"
+    s = Store(db)
+    for case, job in (("xid79_srun_combined_log", "1"), ("host_oom_cgroup_kill", "2"),
+                      ("app_exception_fake_kernel_lines", "3"), ("hang_all_ranks_unattributed", "4")):
+        d, _ = analyze_folder(CASES / case, rules=rules)
+        s.upsert(d.model_copy(update={"job_id": job}), "c1")
+    c = sqlite3.connect(db)
+    want = c.execute("select job_id, blame, trust, machine_fault, out_of_service from diagnoses "
+                     "order by job_id").fetchall()
+    assert want == [("1", "machine", "kernel", 1, 1), ("2", "workload", "kernel", 0, 0),
+                    ("3", "workload", "job_output", 0, 0), ("4", None, None, 0, 0)]
+    for col in ("blame", "trust", "machine_fault", "out_of_service"):
+        c.execute(f"alter table diagnoses drop column {col}")
+    c.execute("update diagnoses set diagnosis_json = json_remove(diagnosis_json, "
+              "'$.root_cause.blame')")
+    c.execute("update diagnoses set diagnosis_json = json_remove(diagnosis_json, "
+              "'$.root_cause.trust') where job_id = '1'")
+    c.execute("delete from _sqlite_migrations where name = 'm009_blame'")
+    c.commit()
+    c.close()
+    Store(db)
+    c = sqlite3.connect(db)
+    assert c.execute("select job_id, blame, trust, machine_fault, out_of_service from diagnoses "
+                     "order by job_id").fetchall() == want

@@ -22,6 +22,8 @@ from datasette.utils import tilde_encode
 from datasette.utils.asgi import NotFound, Response
 from markupsafe import Markup, escape
 
+from sattrib.engine.taxonomy import Action, out_of_service
+
 XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+),")
 WRITE_ACTIONS = {"insert-row", "delete-row", "update-row", "create-table", "drop-table",
                  "alter-table", "upsert-row", "view-query-write"}
@@ -144,7 +146,7 @@ LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_
           "culprit_node": "Culprit node", "culprit_gpu": "Culprit GPU", "gpu": "GPU",
           "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
           "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
-          "workload_failures_not_counted": "Workload failures (not counted)",
+          "not_counted": "Not the node's fault (not counted)",
           "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
           "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
           "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
@@ -416,15 +418,23 @@ async def _acted(db, did):
     return {"actions": acts, "escalation": esc}
 
 
-# Infrastructure faults (the node's or GPU's, not the user's program): as the hotspots count them.
-INFRA = ("(family in ('gpu', 'nvlink', 'network', 'storage') "
-         "or category in ('software_incompat', 'scheduler_node_failure'))")
-NODE_JOBS = f"""
+# The part a node played in a failed job. Whether a cause is the node's is the stored
+# machine_fault column (sattrib/store.py, from engine/taxonomy.py), as the hotspots count it;
+# another cause on it is the job's own, the site's, the scheduler's, or a machine fault that only
+# the job's output reports ("unconfirmed"). Each role is a lane of its history: (label, kind).
+NODE_ROLES = {"cause": ("caused (infra)", "infra"),
+              "cause (unconfirmed)": ("job output only", "workload"),
+              "cause (workload)": ("caused (job)", "workload"),
+              "cause (site_environment)": ("caused (site)", "workload"),
+              "cause (scheduler)": ("caused (scheduler)", "workload"),
+              "took part": ("took part", "symptom")}
+NODE_JOBS = """
     select id, cluster, job_id, restart, job_name, user, partition, outcome, category,
            culprit_node, culprit_gpu, summary, job_end, created_at,
            case when culprit_node is not :node then 'took part'
-                when {INFRA} then 'cause'
-                else 'cause (workload)' end as role
+                when machine_fault then 'cause'
+                when blame = 'machine' then 'cause (unconfirmed)'
+                else 'cause (' || blame || ')' end as role
     from diagnoses
     where culprit_node = :node
        or id in (select diagnosis_id from job_nodes where node = :node)
@@ -440,21 +450,19 @@ async def node_page(datasette, request):
         "join diagnoses d on d.id = m.diagnosis_id where m.node = ? group by m.source "
         "order by n desc", [node])).rows]
     gpus = [dict(r) for r in (await db.execute(
-        f"select culprit_gpu as gpu, max(gpu_serial) as serial, max(gpu_uuid) as uuid, "
-        f"count(*) as n from diagnoses where culprit_node = ? and culprit_gpu is not null "
-        f"and {INFRA} group by culprit_gpu order by n desc", [node])).rows]
+        "select culprit_gpu as gpu, max(gpu_serial) as serial, max(gpu_uuid) as uuid, "
+        "count(*) as n from diagnoses where culprit_node = ? and culprit_gpu is not null "
+        "and machine_fault group by culprit_gpu order by n desc", [node])).rows]
     if request.url_vars.get("format"):
         return Response.json({"node": node, "jobs": jobs, "gpus_blamed": gpus,
                               "missing_telemetry": missing})
     # Its history: one lane per part it played, a mark per failed job at its failure time.
-    kinds = {"cause": "infra", "cause (workload)": "workload", "took part": "symptom"}
     history = swimlane(
-        [(r["role"], r["job_end"] or r["created_at"], kinds[r["role"]],
+        [(r["role"], r["job_end"] or r["created_at"], NODE_ROLES[r["role"]][1],
           f"{r['job_end'] or r['created_at']} · job {r['job_id']} · "
           f"{r['category'] or r['outcome']}") for r in jobs],
-        [(role, label, None) for role, label in (
-            ("cause", "caused (infra)"), ("cause (workload)", "caused (job)"),
-            ("took part", "took part")) if any(r["role"] == role for r in jobs)])
+        [(role, label, None) for role, (label, _) in NODE_ROLES.items()
+         if any(r["role"] == role for r in jobs)])
     return Response.html(await datasette.render_template(
         "sattrib_node.html", {
             "node": node, "jobs": jobs, "missing": missing, "gpus": gpus, "history": history,
@@ -466,12 +474,13 @@ async def node_page(datasette, request):
 
 
 # -- a GPU by serial or UUID, wherever it was installed -----------------------------------------
-GPU_DIAGNOSES = f"""
+GPU_DIAGNOSES = """
     select id, cluster, job_id, restart, outcome, category, family,
            culprit_node as node, culprit_gpu as pci, gpu_serial as serial, gpu_uuid as uuid,
            coalesce(first_seen, job_end, created_at) as failed_at, summary, action_code,
            user, partition, created_at,
-           case when {INFRA} then 'infrastructure' else 'workload' end as fault
+           case when machine_fault then 'infrastructure'
+                when blame = 'machine' then 'unconfirmed' else blame end as fault
     from diagnoses
     where gpu_serial in (select value from json_each(:serials))
        or gpu_uuid in (select value from json_each(:uuids))
@@ -525,8 +534,9 @@ def gpu_path(datasette, key) -> str:
 
 
 # -- the home page: the admin's first five seconds ----------------------------------------------
-# Actions that take a node or GPU out of service: these put a node on the drain list.
-DRAIN_ACTIONS = ("reset_gpu", "reboot_node", "drain_node")
+# Actions that take a node or GPU out of service (engine/taxonomy.py, stored as the
+# out_of_service column): these put a node on the drain list, as they make the worker drain it.
+DRAIN_ACTIONS = tuple(a.value for a in Action if out_of_service(a))
 DRAIN_DAYS = 7
 SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SINCE = "strftime('%Y-%m-%dT%H:%M:%SZ', 'now', :ago)"
@@ -557,11 +567,12 @@ async def summary(db) -> dict:
                                        order by created_at desc, id desc) as n
           from diagnoses
           where outcome = 'attributed' and culprit_node is not null and created_at >= {SINCE})
-        select culprit_node as node, culprit_gpu as gpu, cluster, job_id, restart, category,
-               action_code, action, created_at
-        from latest
-        where n = 1 and {INFRA} and action_code in ({", ".join(f"'{a}'" for a in DRAIN_ACTIONS)})
-        order by created_at desc, node""", {"ago": f"-{DRAIN_DAYS} days"})
+        select l.culprit_node as node, l.culprit_gpu as gpu, l.cluster, l.job_id, l.restart,
+               l.category, coalesce(e.to_action, l.action_code) as action_code, l.action,
+               l.created_at
+        from latest l left join escalations e on e.diagnosis_id = l.id
+        where l.n = 1 and l.machine_fault and (l.out_of_service or e.to_action is not null)
+        order by l.created_at desc, node""", {"ago": f"-{DRAIN_DAYS} days"})
     for r in drain:
         ok = SLURM_NAME.match(r["node"]) and SLURM_NAME.match(str(r["job_id"]))
         r["scontrol"] = (f'scontrol update NodeName={r["node"]} State=DRAIN '

@@ -227,7 +227,8 @@ def install():
 # per-node stand-ins: journals and nvidia-smi
 # ---------------------------------------------------------------------------
 
-# The stand-in prints the recorded `nvidia-smi -q -x`; a job comment "smi-<mode>-<node>" makes it
+# The stand-in prints the recorded `nvidia-smi -q -x` (or, after Nodes.lose_gpu, what nvidia-smi
+# says of a GPU that fell off the bus); a job comment "smi-<mode>-<node>" makes it
 # misbehave on that node (SLURM_JOB_COMMENT is in the Epilog's environment, and the probe inherits
 # it): hang (exec sleep), noterm (ignores SIGTERM/INT/HUP), escape (a grandchild in its own
 # session keeps the output pipes open after the probe killed the process group).
@@ -238,6 +239,10 @@ case " ${{SLURM_JOB_COMMENT:-}} " in
   *" smi-noterm-{node} "*) trap '' TERM INT HUP; while :; do sleep 1; done ;;
   *" smi-escape-{node} "*) trap '' TERM; setsid sleep 100000 & wait; sleep 100000 ;;
 esac
+if [ -e {lost} ]; then
+  echo "Unable to determine the device handle for GPU0000:00:1E.0: GPU is lost.  Reboot the system to recover this GPU"
+  exit 15
+fi
 if [ "$*" != "-q -x" ]; then
   echo "stand-in nvidia-smi: only -q -x is recorded (got: $*)" >&2
   exit 2
@@ -266,7 +271,8 @@ class Nodes:
             bd = root / "bin" / n
             bd.mkdir(parents=True)
             smi = bd / "nvidia-smi"
-            smi.write_text(NVSMI.format(node=n, xml=shlex.quote(str(SAMPLE_XML))))
+            smi.write_text(NVSMI.format(node=n, xml=shlex.quote(str(SAMPLE_XML)),
+                                        lost=shlex.quote(str(bd / "gpu-lost"))))
             smi.chmod(0o755)
             self.env[n] = {}
         self.write_journals()
@@ -274,10 +280,16 @@ class Nodes:
     def journal_dir(self, node: str) -> Path:
         return Path(self.journal_pattern.replace("%n", node))
 
+    def lose_gpu(self, node: str) -> None:
+        """The node's GPU fell off the bus: its nvidia-smi no longer reaches it."""
+        (self.probe_dir / node / "gpu-lost").touch()
+
     def write_journals(self, extra: dict[str, list[tuple[float, str]]] | None = None) -> None:
-        """A fresh, benign kernel journal on every node, plus ``extra[node]`` (time, message)."""
+        """A fresh, benign kernel journal and a working GPU on every node, plus ``extra[node]``
+        (time, message)."""
         now = time.time()
         for n in NODES:
+            (self.probe_dir / n / "gpu-lost").unlink(missing_ok=True)
             ents = [
                 JournalEntry(f"hrtimer: interrupt took {1200 + NODES.index(n)} ns",
                              int((now - 60) * 1e6), boot_id=self.boot_id, hostname=n),

@@ -13,16 +13,22 @@ Run (as root, ~3 min)::
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import sqlite3
+import subprocess
+import tempfile
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from test_hooks import (NODES, Install, Nodes, install, nodes, sattrib, timeout,  # noqa: F401
-                        wait_diagnosis, wait_files, work, _bounded)
+from test_hooks import (NODES, Install, Nodes, db_rows, install, job_user, nodes,  # noqa: F401
+                        sattrib, timeout, wait_diagnosis, wait_files, work, _bounded)
 
 GPU_PCI = "0000:00:1e"
 XID79 = (f"NVRM: Xid (PCI:{GPU_PCI}): 79, pid=0, name=<unknown>, GPU has fallen off the bus.")
@@ -72,6 +78,7 @@ def cluster(slurm_cluster_factory_module, install, nodes, hook):
         node_env=nodes.env, job_requeue=True, requeue_exit="42", cred_expire=12,
         slurmd_timeout=10)
     install.base_settings = {"munge_socket": str(c.munge_socket),
+                             "journal_dir": nodes.journal_pattern,
                              "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
                              "dashboard_url": "https://sattrib.example/",
                              "drain_max_partition_percent": 100.0}
@@ -79,9 +86,11 @@ def cluster(slurm_cluster_factory_module, install, nodes, hook):
     return c
 
 
-def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None) -> int:
-    """A job on `on` whose ranks exit 1, with a kernel Xid 79 on `culprit` while it runs
-    (`while_running()`, if given, is called while the ranks run)."""
+def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None,
+                record: str = XID79, gpu_lost: bool = True) -> int:
+    """A job on `on` whose ranks exit 1, with a kernel `record` (an Xid 79) on `culprit` while it
+    runs, and its nvidia-smi no longer reaching the GPU (`gpu_lost`); `while_running()`, if
+    given, is called while the ranks run."""
     w = shlex.quote(str(work))
     jid = cluster.sbatch(
         f"#!/bin/sh\nsrun -l sh -c 'touch {w}/started.$SLURM_JOB_ID.$SLURMD_NODENAME; "
@@ -89,7 +98,9 @@ def failing_job(cluster, nodes, work, on: list, culprit: str, while_running=None
         "echo \"rank $SLURM_PROCID: CUDA error: unspecified launch failure\" >&2; exit 1'\n",
         nodes=len(on), nodelist=",".join(on), ntasks_per_node=1, no_requeue=True)
     wait_files(work, f"started.{jid}.*", len(on))
-    nodes.write_journals({culprit: [(time.time(), XID79)]})
+    nodes.write_journals({culprit: [(time.time(), record)]})
+    if gpu_lost:
+        nodes.lose_gpu(culprit)
     if while_running:
         while_running()
     (work / f"go.{jid}").touch()
@@ -179,6 +190,40 @@ def test_trusted_xid79_drains_exactly_the_culprit_and_posts_the_webhook(cluster,
 
 @pytest.mark.slurm
 @timeout(180)
+def test_a_segfault_naming_an_xid_drains_nothing(cluster, install, nodes, work):
+    """The kernel's report of a user program's segfault names the file it ran from, here one
+    named like the driver's Xid 79 line: it is the job's own event, never the GPU's."""
+    install.configure(drain="on")
+    segv = (f"kernel[29915]: segfault at 0 ip 00007ff6e9824000 sp 00007ffd5e2a1b80 error 4 in "
+            f"{XID79}[0,7ff6e9824000+1000] likely on CPU 1 (core 1, socket 0)")
+    jid = failing_job(cluster, nodes, work, ["node02"], "node02", record=segv, gpu_lost=False)
+    diag, _ = wait_diagnosis(cluster, install, jid)
+    root = diag["root_cause"] or {}
+    assert root.get("category") != "gpu_hardware", json.dumps(diag, indent=1)[:3000]
+    assert not any(e["rule"] == "gpu.xid" for e in diag["evidence"]), diag["evidence"]
+    acted = Path(db_rows(install, jid)[0]["bundle"]) / "actions.json"    # the worker's last word
+    end = time.monotonic() + 30
+    while not acted.is_file() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert json.loads(acted.read_text())["actions"] == []
+    assert "DRAIN" not in cluster.node_state("node02")
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_a_lost_gpu_that_nvidia_smi_still_answers_for_is_held(cluster, install, nodes, work):
+    """An Xid 79 in node02's kernel log while node02's nvidia-smi, taken by the Epilog after the
+    job, answers for that very GPU: a second source says otherwise, the drain is held."""
+    install.configure(drain="on")
+    jid = failing_job(cluster, nodes, work, ["node02"], "node02", gpu_lost=False)
+    a = wait_actions(cluster, install, jid, "drain")
+    assert (a["decision"], a["node"]) == ("held", "node02"), a
+    assert a["detail"].startswith("nvidia-smi on node02 answers for GPU 0000:00:1e.0"), a
+    assert "DRAIN" not in cluster.node_state("node02")
+
+
+@pytest.mark.slurm
+@timeout(180)
 def test_a_node_drained_by_someone_else_keeps_its_reason(cluster, install, nodes, work):
     install.configure(drain="on")
     # the admin drains node03 while the job runs on it: DRAINING, then DRAINED
@@ -210,6 +255,8 @@ def test_rate_limit_stops_the_third_drain_in_a_burst(cluster, install, nodes, wo
     for jid in jobs:
         wait_files(work, f"started.{jid}.*", 1)
     nodes.write_journals({n: [(time.time(), XID79)] for n in burst})
+    for n in burst:
+        nodes.lose_gpu(n)
     (work / "go.burst").touch()
     got = [wait_actions(cluster, install, jid, "drain") for jid in jobs]
     decisions = sorted(a["decision"] for a in got)
@@ -245,3 +292,111 @@ def test_requeued_job_restarts_without_the_culprit(cluster, install, nodes, work
     assert info["NodeList"] != "node01" and info["Restarts"] == "1", info
     assert "node01" in info["ExcNodeList"], info
     assert "DRAIN" not in cluster.node_state("node01")
+
+
+# -- what the job's user writes into its own record -------------------------------------------------
+
+def user_sbatch(cluster, job_user, *argv: str, cwd) -> int:
+    """sbatch as the unprivileged test user (what anyone with a login can do)."""
+    r = subprocess.run(["runuser", "-u", job_user.pw_name, "--", "sbatch", "--parsable",
+                        "--no-requeue", *argv], env=cluster.env, capture_output=True,
+                       text=True, timeout=60, cwd=str(cwd))
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip().split(";")[0])
+
+
+def user_dir(job_user) -> Path:
+    """A folder of the job's user's own (the cwd of their jobs)."""
+    d = Path(tempfile.mkdtemp(prefix="sattrib-hooktest-user-"))
+    d.chmod(0o755)
+    os.chown(d, job_user.pw_uid, job_user.pw_gid)
+    return d
+
+
+def resume_ours(cluster, install):
+    """A node a failing test let sattrib drain goes back to service for the tests after it."""
+    for node, why in sinfo_reasons(cluster).items():
+        if why.startswith("sattrib:"):
+            sattrib(cluster, install, "resume", node, check=False)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_a_comment_name_or_path_that_reads_like_slurm_drains_nothing(cluster, install, nodes,
+                                                                     work, job_user):
+    """The fields a user writes (comment, job name, output path) are not the scheduler's
+    words: imitating slurmctld's node-failure lines there blames and drains no node."""
+    install.configure(drain="on")
+    nodes.write_journals()
+    udir = user_dir(job_user)
+    try:
+        jobs = {
+            user_sbatch(cluster, job_user, "-N2", "-w", "node01,node02",
+                        "--comment=srun: error: Node failure on node02", "--wrap=exit 1",
+                        cwd=udir): "node02",
+            user_sbatch(cluster, job_user, "-N2", "-w", "node03,node04",
+                        "-J", "Nodes node04 not responding, setting DOWN",
+                        f"--output={udir}/Nodes node04 not responding, setting DOWN-%j.out",
+                        "--wrap=exit 1", cwd=udir): "node04",
+        }
+        for jid, named in jobs.items():
+            diag, _ = wait_diagnosis(cluster, install, jid)
+            root = diag["root_cause"] or {}
+            assert root.get("category") != "scheduler_node_failure", json.dumps(diag)[:3000]
+            assert all(e["rule"] not in ("slurm.node_failure", "slurm.node_not_responding")
+                       for e in diag["evidence"]), diag["evidence"]
+            drains = [a for a in actions(install, jid) if a["kind"] == "drain"]
+            assert all(a["decision"] not in ("taken", "dry-run", "would-drain")
+                       for a in drains), drains
+            assert named not in sinfo_reasons(cluster), sinfo_reasons(cluster)
+    finally:
+        resume_ours(cluster, install)
+        shutil.rmtree(udir, ignore_errors=True)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_a_job_name_cannot_rewrite_whose_job_it_is(cluster, install, nodes, work, job_user):
+    """`-J 'x UserId=root(0) StdOut=/root/...'`: the worker (root here) copies the job's own
+    output only, never the root-only file the name points at; the bundle's ACL and the mail
+    go to the job's real user, and a name that makes the user `-Eshell` is no option."""
+    mails = work / f"mail-{uuid.uuid4().hex[:8]}"
+    mails.mkdir()
+    recorder = mails / "mail.sh"
+    recorder.write_text(f"#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"$@\" > "
+                        f"{shlex.quote(str(mails))}/$$.args\n")
+    recorder.chmod(0o755)
+    install.configure(drain="on", mail_prog=str(recorder))
+    nodes.write_journals()
+    marker = f"SATTRIB-SECRET-{uuid.uuid4().hex}"
+    secret = Path(tempfile.mkdtemp(prefix="sattrib-hooktest-secret-")) / "secret-note.txt"
+    secret.parent.chmod(0o755)                  # anyone may enter; the file is root's, 0600
+    secret.write_text(f"RuntimeError: {marker}\n")
+    secret.chmod(0o600)
+    udir = user_dir(job_user)
+    try:
+        names = [f"x UserId=root(0) StdOut={secret}", "x UserId=-Eshell(2001)"]
+        jobs = [user_sbatch(cluster, job_user, "-N1", "-J", name,
+                            "--wrap=echo 'ValueError: bad shard' >&2; exit 1", cwd=udir)
+                for name in names]
+        for jid, name in zip(jobs, names):
+            diag, _ = wait_diagnosis(cluster, install, jid)
+            assert diag["job"]["user"] == job_user.pw_name, diag["job"]
+            assert diag["job"]["name"] == name, diag["job"]
+            bundle = Path(db_rows(install, jid)[0]["bundle"])
+            acl = subprocess.run(["getfacl", "-n", "-p", str(bundle)], capture_output=True,
+                                 text=True, timeout=30).stdout
+            assert f"user:{job_user.pw_uid}:r-x" in acl, acl
+            run = json.loads((bundle / "slurm" / "sattrib-run.json").read_text())
+            assert [o["source"] for o in run["outputs"]] == [f"{udir}/slurm-{jid}.out"], run
+            mail = [p.read_text().split("\n") for p in mails.glob("*.args")
+                    if f"job {jid} " in p.read_text()]
+            assert mail and mail[0][:1] == ["-s"] and mail[0][2] == job_user.pw_name, mail
+        hits = [str(p) for top in (install.prefix / "var",) for p in top.rglob("*")
+                if p.is_file() and not p.is_symlink() and marker.encode() in p.read_bytes()]
+        assert not hits, f"the root-only file was read into {hits}"
+    finally:
+        install.configure(drain="on")
+        resume_ours(cluster, install)
+        shutil.rmtree(udir, ignore_errors=True)
+        shutil.rmtree(secret.parent, ignore_errors=True)
