@@ -34,6 +34,9 @@ _SYSLOG_TS = (r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?
               r"(?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)(?:\.(?P<sfrac>\d{1,9}))?")
 _IDENT = r" (?P<host>[^\s:\[\]]+) (?P<ident>[^\s:\[\]]+)(?:\[(?P<pid>\d+)\])?: "
 _SYSLOG = re.compile(r"^" + _SYSLOG_TS + _IDENT)
+# rsyslog's and busybox's template without the host: "Mar 27 17:40:36 kernel: NVRM: ...".
+_SYSLOG_NOHOST = re.compile(r"^" + _SYSLOG_TS + r" (?P<ident>[A-Za-z][\w.-]{0,63})"
+                            r"(?:\[(?P<pid>\d+)\])?: ")
 _ISOLOG = re.compile(r"^" + _ISO + _IDENT)
 _DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _SYSLOG_TS + r" (?P<ty>\d{4})\] ")
 _DMESG_MONO = re.compile(r"^\[ *\d+\.\d+\] (?:\[ *[TC]\d+\] )?")
@@ -169,10 +172,10 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             p.nccl_host, p.nccl_dev = m.group("host"), int(m.group("dev"))
         return p
 
-    m = _SYSLOG.match(line) or _ISOLOG.match(line)
+    m = _SYSLOG.match(line) or _ISOLOG.match(line) or _SYSLOG_NOHOST.match(line)
     if m:
         p.stamp = _iso(m) if m.groupdict().get("iso") else _sys(m)
-        p.host, p.ident = m.group("host"), m.group("ident")
+        p.host, p.ident = m.groupdict().get("host"), m.group("ident")
         line = line[m.end():]
         mm = _DMESG_MONO.match(line)
         if mm:
