@@ -39,6 +39,9 @@ PROBE_NAME = "prometheus"
 NODE_BATCH = 512           # nodes per query: a regular expression of a few kilobytes
 MAX_POINTS = 600           # per series and query: the step grows with the window
 MAX_BODY = 64 << 20        # bytes per answer: more is not a Prometheus answer we can use
+# bytes of all answers of one fetch: parsed and kept until the bundle is written, a byte of
+# JSON costs several of memory (14 answers just under MAX_BODY held 4.6 GB)
+MAX_TOTAL_BODY = 128 << 20
 
 # dcgm-exporter (etc/default-counters.csv) and node_exporter (collector/infiniband_linux.go)
 # names. ECC DBE and NVLink CRC/replay are commented out in dcgm-exporter's default counters
@@ -98,6 +101,7 @@ class Fetched:
     notes: list = field(default_factory=list)
     queries: int = 0
     seconds: float = 0.0
+    bytes: int = 0                                    # of every answer read
 
 
 def redact_url(url: str) -> str:
@@ -172,10 +176,10 @@ class _Overrun(Exception):
     pass
 
 
-def _read_body(r, deadline: float) -> bytes:
+def _read_body(r, deadline: float, cap: int = MAX_BODY) -> bytes:
     """The answer's body, read as it arrives: a server that sends slowly (a byte at a time,
     each within the read timeout) is cut off at the connector's deadline, and a body larger
-    than MAX_BODY is refused, so neither can hold the worker past its budget."""
+    than `cap` is refused, so neither can hold the worker past its budget."""
     import requests
     import urllib3
 
@@ -193,8 +197,17 @@ def _read_body(r, deadline: float) -> bytes:
         if not chunk:
             return bytes(buf)
         buf += chunk
-        if len(buf) > MAX_BODY:
-            raise _Overrun(f"the answer is larger than {MAX_BODY >> 20} MiB")
+        if len(buf) > cap:
+            raise _Overrun(f"the answer is larger than {MAX_BODY >> 20} MiB" if cap == MAX_BODY
+                           else f"the answers passed {MAX_TOTAL_BODY >> 20} MiB in all")
+
+
+def _error_text(status: int, body) -> str:
+    """What went wrong, as anyone may read it: the status and Prometheus's errorType, never its
+    message (a proxy's error page may echo the request's headers, credentials included)."""
+    kind = body.get("errorType") if isinstance(body, dict) else None
+    ok = isinstance(kind, str) and kind.replace("_", "").isalnum() and len(kind) <= 32
+    return f"HTTP {status}" + (f" ({kind})" if ok else "")
 
 
 def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
@@ -261,13 +274,14 @@ def fetch(st, nodes: list[str], start: Optional[float], end: Optional[float],
                                   "step": f"{step}"},
                             timeout=(min(st.prometheus_timeout_s, left),
                                      min(st.prometheus_timeout_s, left))) as r:
-                    raw = _read_body(r, deadline)
+                    raw = _read_body(r, deadline, min(MAX_BODY, MAX_TOTAL_BODY - out.bytes))
+                out.bytes += len(raw)
                 body = json.loads(raw) if r.headers.get("Content-Type", "").startswith(
                     "application/json") else None
+                del raw
                 if r.status_code != 200 or not isinstance(body, dict) \
                         or body.get("status") != "success":
-                    msg = body.get("error") if isinstance(body, dict) else None
-                    err = f"HTTP {r.status_code}" + (f": {str(msg)[:200]}" if msg else "")
+                    err = _error_text(r.status_code, body)
             except _Overrun as e:
                 err = str(e)
             except requests.Timeout:

@@ -2,11 +2,10 @@
 grouped symptoms, completeness and the explanation."""
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter, defaultdict
 from typing import Optional
 
+from . import public
 from .decode import Event
 from .incident import Incident
 from .lineparse import iso_utc
@@ -20,37 +19,10 @@ MAX_EVIDENCE_PER_GROUP = 3
 MAX_INCIDENT_EVIDENCE = 40
 
 
-class _Fmt(string.Formatter):
-    def get_value(self, key, args, kwargs):
-        v = kwargs.get(key)
-        return "?" if v is None or v == "" else v
-
-    def format_field(self, value, spec):
-        try:
-            return super().format_field(value, spec)
-        except (ValueError, TypeError):
-            return str(value)
-
-
-_FMT = _Fmt()
-
-
-def _explain(ev: Event) -> str:
-    vals = dict(ev.caps)
-    vals.update(node=ev.node, rank=ev.rank, gpu=ev.gpu, detail=ev.detail, peer=ev.peer)
-    try:
-        text = _FMT.format(ev.rule.explain, **vals)
-    except (ValueError, IndexError, KeyError, AttributeError):
-        text = ev.rule.explain
-    # Say nothing rather than "?" about a rank or node that no line placed.
-    text = _UNPLACED_RANK.sub("a rank", text)
-    text = _UNPLACED_NODE.sub("", text)
-    return " ".join(text.split())[:300]
-
-
-_UNPLACED_RANK = re.compile(r"\brank \?(?= on | raised|:|$)")
-_UNPLACED_NODE = re.compile(r" on \?(?=[\s:,;)]|$)")
-
+def _summary(ev: Event, rules) -> str:
+    """What anyone may read of a cause (engine/public.py): never the user's text."""
+    c = rules.by_id.get(ev.rule.id)
+    return public.summary(ev, public.recognised(ev, c.rows if c else ()))
 
 
 def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
@@ -113,7 +85,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
         ident = links.gpu_identity.get((inc.node, inc.gpu), {}) if inc.gpu else {}
         causes.append(Cause(category=inc.category, node=inc.node, gpu=inc.gpu,
                             gpu_uuid=ident.get("uuid"), gpu_serial=ident.get("serial"),
-                            rank=inc.rank(links), summary=_explain(inc.first),
+                            rank=inc.rank(links), summary=_summary(inc.first, rules),
                             first_seen=_stamp(inc.first),
                             evidence=ev_ids, rule=inc.first.rule.id, action=text,
                             action_code=code, trust=cause_trust(inc),

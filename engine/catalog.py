@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .matcher import BytesPattern, PatternError, check_linear, _parse
+from .matcher import BytesPattern, PatternError, check_linear, closed, _parse
 from .taxonomy import FAMILY, Action, Blame, Category, Role
 
 import re2
@@ -70,9 +70,16 @@ class Row:
     example: str
     note: str
     where: str               # "<file>:<line>" for provenance
+    closed: bool = False     # the pattern matches only its own words, digits and spaces
 
     def search(self, text: str):
         return self.rx.search(text)
+
+    def recognise(self, text: str) -> Optional[str]:
+        """What the row's pattern matched in the text; for a closed row, only its own words
+        (engine/public.py shows them in a summary)."""
+        m = self.rx.search(text)
+        return m.group(0) if m else None
 
 
 def _opt(v: str) -> Optional[str]:
@@ -136,7 +143,8 @@ def _row(fields: dict, where: str) -> Row:
                category=category, action=action, weak="weak" in flags,
                last_resort="last_resort" in flags, explained_by=fams, blame=blame,
                emitter=fields["emitter"].strip(), version=fields["version"].strip(),
-               example=fields["example"], note=fields["note"].strip(), where=where)
+               example=fields["example"], note=fields["note"].strip(), where=where,
+               closed=closed(pattern))
 
 
 def read_catalog(path: Path, label: str, raw: Optional[bytes] = None) -> list[Row]:

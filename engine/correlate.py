@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import public
 from .decode import Event, normalize_pci
 from .incident import TRUSTED
 from .models import Bundle
@@ -264,6 +265,7 @@ def version_skew(events: list[Event]) -> None:
     for rid in sorted(by_rule):
         evs = sorted(by_rule[rid], key=Event.sort_key)
         key = evs[0].rule.same_across_nodes
+        kind = evs[0].rule.public[key]          # the summary shows the detail to anyone
         per_node: dict[str, str] = {}
         for e in evs:
             v = e.caps.get(key)
@@ -281,6 +283,8 @@ def version_skew(events: list[Event]) -> None:
             if e.node in odd and e.node not in seen and e.caps.get(key):
                 seen.add(e.node)
                 e.role, e.category = Role.root, e.rule.category or Category.software_incompat
-                e.detail = ("; ".join(f"{v} on {', '.join(sorted(n for n, x in per_node.items() if x == v))}"
-                                      for v in sorted(counts)))
+                e.detail = "; ".join(
+                    f"{public.shown(kind, v)} on " + ", ".join(sorted(
+                        public.shown("name", n) for n, x in per_node.items() if x == v))
+                    for v in sorted(counts))
                 e.why = f"{key} differs across the job's nodes"

@@ -64,6 +64,67 @@ def check_linear(pattern: str, ignore_case: bool = False, parsed=None) -> None:
             "rewrite it without (RE2 syntax)")
 
 
+_CLOSED_CATEGORIES = {C.CATEGORY_DIGIT, C.CATEGORY_SPACE}
+
+
+def _closed_class(members) -> bool:
+    return all(op == C.LITERAL or (op == C.CATEGORY and av in _CLOSED_CATEGORIES)
+               or (op == C.RANGE and ord("0") <= av[0] and av[1] <= ord("9"))
+               for op, av in members)
+
+
+def _closed(items) -> bool:
+    for op, av in items:
+        if op in (C.LITERAL, C.AT):
+            continue
+        if op == C.IN:
+            ok = _closed_class(av)
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            ok = _closed(av[2])
+        elif op == C.SUBPATTERN:
+            ok = _closed(av[3])
+        elif op == C.BRANCH:
+            ok = all(_closed(b) for b in av[1])
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
+def _group(items, gid: int):
+    for op, av in items:
+        if op == C.SUBPATTERN and av[0] == gid:
+            return av[3]
+        subs = ([av[3]] if op == C.SUBPATTERN else [av[2]] if op in (C.MAX_REPEAT, C.MIN_REPEAT)
+                else av[1] if op == C.BRANCH else [])
+        for sub in subs:
+            found = _group(sub, gid)
+            if found is not None:
+                return found
+    return None
+
+
+def closed(pattern: str, group: str | None = None) -> bool:
+    """Can the pattern (or its named group) match only the words written in it, digits and
+    white space? `No space left on device`, `TIME LIMIT|PREEMPTION`, `\\d+ bytes` can;
+    `.+`, `\\S+`, `[A-Z_]+`, `[^']*` can match anything a user writes. Raises PatternError for
+    a group the pattern does not have."""
+    parsed = _parse(pattern, False)
+    items = parsed.data
+    if group is not None:
+        gid = parsed.state.groupdict.get(group)
+        items = _group(parsed.data, gid) if gid is not None else None
+        if items is None:
+            raise PatternError(f"has no group named {group!r}")
+    return _closed(items)
+
+
+def group_names(pattern: str) -> set[str]:
+    """The names of the pattern's named groups (its captures)."""
+    return set(_parse(pattern, False).state.groupdict)
+
+
 def _best(cands: list[set[str]]) -> set[str] | None:
     """Pick the literal set that filters best: longest shortest member, then fewest members."""
     good = [c for c in cands if c]

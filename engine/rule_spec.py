@@ -5,11 +5,12 @@ attributes, hashable, picklable without pydantic), which is what the engine and 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .models import Record
+from .public import KINDS
 from .taxonomy import Action, Blame, Category, Role, Source
 
 
@@ -55,6 +56,9 @@ class Rule(_Strict):
     pattern: str
     ignore_case: bool = False
     explain: str                             # template over captures, {node} {rank} {gpu}
+    # The captures the template shows, each with its kind (engine/public.py): summaries are
+    # public, so every other capture (a message, a value, a path) stays out of them.
+    public: dict[str, Literal[KINDS]] = Field(default_factory=dict)
     action: Action = Action.none
     # Engine hook that refines the hit (e.g. "xid" applies the Xid catalog). Names a function
     # in engine.decode; the rule says what the line is, the decoder adds what the catalog knows.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from . import decode, kmsg
+from . import decode, kmsg, public
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
 from .matcher import PatternError, Prefilter, compile_rule_pattern
@@ -149,6 +149,9 @@ def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRu
         rx, lits, caseless = compile_rule_pattern(rule.pattern, rule.ignore_case)
     except PatternError as e:
         raise RuleError(f"{rel}: pattern {e}") from None
+    problem = public.check(rule)
+    if problem:
+        raise RuleError(f"{rel}: {problem}")
     return CompiledRule(rule, rx, lits, caseless, rel)
 
 

@@ -32,9 +32,10 @@ class DefaultShow(click.Group):
         except UserError as e:
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
-            click.echo(f"sattrib: error: {e.message}", err=True)
+            from .escape import visible
+            click.echo(f"sattrib: error: {visible(e.message)}", err=True)
             if e.hint:
-                click.echo(f"hint: {e.hint}", err=True)
+                click.echo(f"hint: {visible(e.hint)}", err=True)
             ctx.exit(1)
 
 
@@ -72,8 +73,9 @@ def main(ctx, debug, config_path):
 
 def _emit(d, as_json: bool):
     if as_json:
-        click.echo(d.model_dump_json(indent=2) if hasattr(d, "model_dump_json") else
-                   __import__("json").dumps(d, indent=2, sort_keys=False))
+        from .escape import visible_json
+        click.echo(visible_json(d.model_dump_json(indent=2)) if hasattr(d, "model_dump_json")
+                   else __import__("json").dumps(d, indent=2, sort_keys=False))
     else:
         from .render import render
         click.echo(render(d.model_dump(mode="json") if hasattr(d, "model_dump") else d))
@@ -202,6 +204,8 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
         from .remote import Dashboard
         st = _settings(ctx).settings
         dashboard = Dashboard(st.server_url, st.server_timeout_s, st.server_ca_file)
+        if dashboard.warning():
+            click.echo(dashboard.warning(), err=True)
         rows, where = dashboard.runs(job_id, cluster, restart), st.server_url
     if not rows:
         raise UserError(f"no diagnosis for job {job_id} in {where}",
@@ -309,9 +313,13 @@ def _admin_db(ctx, database, what: str):
 
 
 def _table(table: list, parsable: bool) -> None:
+    """Columns as text (cells escaped: users named their jobs and partitions), or with -P
+    '|'-separated, each cell also kept from reading as a spreadsheet formula."""
+    from .escape import spreadsheet_cell, visible
+    table = [[visible(c) for c in row] for row in table]
     if parsable:
         for row in table:
-            click.echo("|".join(c.replace("|", "/") for c in row))
+            click.echo("|".join(spreadsheet_cell(c.replace("|", "/")) for c in row))
         return
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -367,8 +375,9 @@ def resume(ctx, node):
     """Return a node sattrib drained to service (scontrol update State=RESUME). A node whose
     reason does not start with `sattrib:` was drained by someone else: it is left alone."""
     from .actions import resume as do_resume
+    from .escape import visible
     st = _settings(ctx).settings
-    click.echo(do_resume(node, st.action_timeout_s))
+    click.echo(visible(do_resume(node, st.action_timeout_s)))     # quotes Slurm's reason
 
 
 def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart,
@@ -451,9 +460,11 @@ def serve(ctx, host, port, base_url, database, root, print_command):
     Recent failures, failures by category over time, node and GPU hotspots, unexplained
     failures and missing telemetry, and one page per diagnosis with its timeline. Evidence
     lines are shown to admins only (serve_evidence_text, serve_admins)."""
-    from .serve import prepare, serve as run_serve
+    from .serve import prepare, serve as run_serve, warnings
     st = _settings(ctx, serve_host=host, serve_port=port, serve_base_url=base_url,
                    database=database).settings
+    for warning in warnings(st):
+        click.echo(warning, err=True)
     if print_command:
         import shlex
         click.echo(shlex.join(prepare(st, root)[0]))

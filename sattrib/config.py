@@ -24,10 +24,11 @@ from .collectors.prometheus import DEFAULT_SERIES as _PROM_SERIES
 
 def Field(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
           ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
-          pattern: Optional[str] = None):
-    """A setting's default and bounds (the subset of pydantic's `Field` used here)."""
-    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("pattern", pattern))
-              if v is not None}
+          pattern: Optional[str] = None, one_or_many: Optional[bool] = None):
+    """A setting's default and bounds (the subset of pydantic's `Field` used here);
+    `one_or_many`: a list setting that may also be given as its one string."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("pattern", pattern),
+                                ("one_or_many", one_or_many)) if v is not None}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=bounds)
 
 
@@ -117,6 +118,7 @@ class Settings:
     serve_evidence_text: Literal["admins", "all", "none"] = "admins"
     serve_admins: list[str] = Field(default_factory=lambda: ["root"])
     serve_trusted_user_header: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9-]*)?$")
+    serve_trusted_proxy: list[str] = Field(default_factory=list, one_or_many=True)
 
     # -- login nodes: `sattrib JOBID` through the controller's dashboard -----------------------
     server_url: str = ""                       # the dashboard's base URL; empty: local only
@@ -154,6 +156,16 @@ def _plain_url(url: str, instead: str = ": use prometheus_user and prometheus_pa
     return url
 
 
+def _addresses(values: list[str]) -> list[str]:
+    import ipaddress
+    for v in values:
+        try:
+            ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address (or network)") from None
+    return values
+
+
 def _known_zone(tz: str) -> str:
     try:
         utc_offset(tz, 0)
@@ -165,7 +177,7 @@ def _known_zone(tz: str) -> str:
 _VALIDATORS = {"prometheus_url": _plain_url, "prometheus_ui_url": _plain_url,
                "notify_url": _plain_url, "dashboard_url": _plain_url,
                "server_url": lambda url: _plain_url(url, instead=""),
-               "timezone": _known_zone}
+               "timezone": _known_zone, "serve_trusted_proxy": _addresses}
 _HINTS = typing.get_type_hints(Settings)
 Settings.model_fields = {f.name: f for f in dataclasses.fields(Settings)}
 
@@ -203,6 +215,8 @@ def _checked(f: dataclasses.Field, hint: Any, v: Any) -> Any:
         if "pattern" in f.metadata and not re.match(f.metadata["pattern"], v):
             raise ValueError(f"must match {f.metadata['pattern']}")
     elif typing.get_origin(hint) is list:
+        if isinstance(v, str) and f.metadata.get("one_or_many"):
+            v = [v]
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ValueError("must be a list of strings")
         v = list(v)

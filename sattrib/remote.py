@@ -4,18 +4,22 @@ dashboard answers over HTTP(S), `server_url`.
 /job.json?id=JOB lists the job's runs on every cluster; /diagnosis/CLUSTER/JOB/RUN.json gives
 one run's diagnosis and what was done about it. The CLI is an anonymous visitor: the dashboard
 leaves out the evidence lines and the user's frames unless its site shows them to everyone.
-Every way the exchange can fail is one UserError naming the URL, with a hint."""
+Every way the exchange can fail is one UserError naming the URL, with a hint. A redirect is
+followed only while it stays on https (when server_url is https); a plain http:// server_url
+beyond this machine is used with a warning."""
 from __future__ import annotations
 
 import json
 import re
 import time
 from typing import Optional
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import UserError
 
 MAX_BODY = 64 << 20          # a diagnosis with every evidence line is a few MiB at most
+MAX_REDIRECTS = 5
+REDIRECTS = (301, 302, 303, 307, 308)
 OUTCOMES = ("attributed", "ambiguous", "unattributed")
 CHECK_URL = "check server_url (`sattrib config` shows it)"
 
@@ -26,6 +30,20 @@ class Dashboard:
         self.base = url.rstrip("/") + "/"
         self.timeout_s = timeout_s
         self.verify = ca_file or True
+
+    def warning(self) -> Optional[str]:
+        """One line when the answers would travel unencrypted beyond this machine."""
+        import ipaddress
+        p = urlsplit(self.url)
+        try:
+            here = p.hostname == "localhost" or ipaddress.ip_address(p.hostname).is_loopback
+        except ValueError:
+            here = False
+        if p.scheme == "https" or here:
+            return None
+        return (f"sattrib: warning: server_url {self.url} is not https: the diagnosis travels "
+                "unencrypted and anyone on the way can change it; use the dashboard's https "
+                "address")
 
     def runs(self, job_id: str, cluster: Optional[str] = None,
              restart: Optional[int] = None) -> list[dict]:
@@ -80,17 +98,26 @@ class Dashboard:
         t = self.timeout_s
         deadline = time.monotonic() + t
         try:
-            with requests.get(url, params=params, headers={"Accept": "application/json"},
-                              timeout=(t, t), verify=self.verify, stream=True) as r:
-                status, reason = r.status_code, r.reason
-                body = bytearray()
-                while chunk := r.raw.read1(1 << 16, decode_content=True):
-                    body += chunk
-                    if len(body) > MAX_BODY:
-                        raise UserError(f"the answer from {url} is larger than "
-                                        f"{MAX_BODY >> 20} MiB", CHECK_URL)
-                    if time.monotonic() > deadline:
-                        raise requests.Timeout()
+            for _ in range(MAX_REDIRECTS + 1):
+                with requests.get(url, params=params, headers={"Accept": "application/json"},
+                                  timeout=(t, t), verify=self.verify, stream=True,
+                                  allow_redirects=False) as r:
+                    status, reason = r.status_code, r.reason
+                    if status in REDIRECTS and r.headers.get("Location"):
+                        url, params = self._redirect(url, r.headers["Location"]), None
+                        continue
+                    body = bytearray()
+                    while chunk := r.raw.read1(1 << 16, decode_content=True):
+                        body += chunk
+                        if len(body) > MAX_BODY:
+                            raise UserError(f"the answer from {url} is larger than "
+                                            f"{MAX_BODY >> 20} MiB", CHECK_URL)
+                        if time.monotonic() > deadline:
+                            raise requests.Timeout()
+                    break
+            else:
+                raise UserError(f"the sattrib dashboard at {self.url} redirects more than "
+                                f"{MAX_REDIRECTS} times", CHECK_URL)
         except (requests.Timeout, urllib3.exceptions.ReadTimeoutError):
             raise UserError(f"the sattrib dashboard at {self.url} did not answer within "
                             f"{t:g} s", "is the controller busy, or a firewall dropping the "
@@ -121,6 +148,15 @@ class Dashboard:
         if status != 200 and status != 404:
             raise self._unexpected(path, f"{status} {reason}")
         return status, doc
+
+    def _redirect(self, url: str, location: str) -> str:
+        """Where a redirect leads, refused when it would leave https."""
+        to = urljoin(url, location)
+        if urlsplit(self.base).scheme == "https" and urlsplit(to).scheme != "https":
+            raise UserError(f"the sattrib dashboard at {self.url} redirected to {to}: refused, "
+                            "the answer would travel unencrypted",
+                            f"{CHECK_URL}: its https address, as the redirect should keep")
+        return to
 
     def _unexpected(self, path: str, what: str = "not a sattrib answer") -> UserError:
         return UserError(f"unexpected answer from {self.base + path}: {what}",

@@ -7,7 +7,8 @@ import os
 import click
 
 from .engine.hostlist import compress
-from .engine.taxonomy import Blame, blame_of
+from .engine.taxonomy import INFRASTRUCTURE, Blame, Category, blame_of
+from .escape import visible_all
 
 MAX_EVIDENCE_LINES = 8
 MAX_SYMPTOMS = 8
@@ -65,7 +66,8 @@ def _acted(acted: dict) -> list[str]:
 def render(d: dict, cluster: str | None = None, run: tuple | None = None,
            acted: dict | None = None) -> str:
     """`cluster`: the cluster it is stored under; `run`: (n, of) for a job that ran several
-    times."""
+    times. Every field is shown with its control characters escaped: users wrote them."""
+    d, cluster, acted = visible_all(d), visible_all(cluster), visible_all(acted)
     out: list[str] = []
     job = d.get("job") or {}
     head = f"Job {d.get('job_id') or '?'}"

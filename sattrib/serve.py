@@ -3,8 +3,10 @@
 Evidence text (log lines, the full diagnosis JSON, bundle paths) lives in the tables in
 TEXT_TABLES; who may see them is a Datasette `allow` block on each of them, and arbitrary SQL
 (which reaches every table) has the same block (serve_evidence_text, serve_admins). The
-trusted proxy header is handed to the plugin in the environment, never in the metadata (which
-/-/metadata shows)."""
+trusted proxy header and the proxy's addresses are handed to the plugin in the environment,
+never in the metadata; the plugin's /-/metadata leaves the allow blocks (the admins' names)
+out. uvicorn is told to believe no X-Forwarded-For, so the plugin sees each connection's own
+peer address."""
 from __future__ import annotations
 
 import json
@@ -32,6 +34,7 @@ EVIDENCE_FTS = ("evidence_fts", "evidence_fts_data", "evidence_fts_idx", "eviden
 TEXT_TABLES = ("diagnoses", "evidence", "evidence_timeline") + EVIDENCE_FTS
 TEXT_QUERIES = ("search_evidence",)
 HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"
+PROXY_ENV = "SATTRIB_DASHBOARD_TRUSTED_PROXY"
 
 
 def text_allow(settings):
@@ -94,9 +97,39 @@ def prepare(settings, root: bool = False) -> tuple[list[str], Path]:
 def environment(settings) -> dict:
     env = dict(os.environ)
     env.pop(HEADER_ENV, None)
+    env.pop(PROXY_ENV, None)
     if settings.serve_trusted_user_header:
         env[HEADER_ENV] = settings.serve_trusted_user_header
+        env[PROXY_ENV] = ",".join(settings.serve_trusted_proxy)
+    env["FORWARDED_ALLOW_IPS"] = ""          # uvicorn: no client may name another address
     return env
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warnings(settings) -> list[str]:
+    """What `sattrib serve` says before it starts: where it is open to more than this machine
+    with no reverse proxy named, and a user header that no proxy may send."""
+    out = []
+    where = f"{settings.serve_host}:{settings.serve_port}"
+    if not _loopback(settings.serve_host) and not settings.serve_trusted_proxy:
+        out.append(f"sattrib serve: warning: listening on {where}, beyond this machine, with no "
+                   "serve_trusted_proxy: every client there is an anonymous visitor (diagnoses, "
+                   "no evidence lines); put the site's reverse proxy in front and name its "
+                   "address in serve_trusted_proxy, or keep serve_host = \"127.0.0.1\"")
+    if settings.serve_trusted_user_header and not settings.serve_trusted_proxy:
+        out.append(f"sattrib serve: warning: serve_trusted_user_header "
+                   f"({settings.serve_trusted_user_header}) is ignored: no serve_trusted_proxy "
+                   "names the proxy that may send it")
+    return out
 
 
 def check_port(host: str, port: int) -> None:

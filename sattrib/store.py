@@ -292,6 +292,51 @@ def _trust_of(sources: Optional[str]) -> Optional[str]:
     return trust.value if trust else None
 
 
+@migrations()
+def m010_public_summaries(db: sqlite_utils.Database):
+    """Summaries stored before they were built from fields can quote a user's line (an
+    exception's value, a path) to every dashboard visitor: each stored cause's summary, the
+    explanation and the summary column are rewritten from the cause's fields. Re-analysing a
+    kept bundle (`sattrib analyze BUNDLE --store`) gives the full summary back."""
+    conn, last = db.conn, -1
+    while True:
+        rows = conn.execute("SELECT rowid, id, diagnosis_json FROM diagnoses WHERE rowid > ? "
+                            "AND diagnosis_json IS NOT NULL ORDER BY rowid LIMIT 1000",
+                            [last]).fetchall()
+        if not rows:
+            return
+        for rowid, did, text in rows:
+            last = rowid
+            try:
+                d = json.loads(text)
+            except ValueError:
+                continue
+            causes = ([d["root_cause"]] if d.get("root_cause") else []) + (
+                d.get("candidates") or [])
+            if not causes:
+                continue
+            for c in causes:
+                c["summary"] = _field_summary(c)
+            said = "; ".join(c["summary"] for c in causes)
+            d["explanation"] = f"{said}." if d.get("root_cause") else f"Several causes fit: {said}."
+            conn.execute("UPDATE diagnoses SET summary = ?, diagnosis_json = ? WHERE rowid = ?",
+                         [(d.get("root_cause") or {}).get("summary") or d["explanation"],
+                          json.dumps(d, sort_keys=True), rowid])
+            conn.executemany("UPDATE candidates SET summary = ? WHERE diagnosis_id = ? "
+                             "AND idx = ?", [(c["summary"], did, i) for i, c in
+                                             enumerate(d.get("candidates") or [])])
+
+
+def _field_summary(cause: dict) -> str:
+    """A cause as its fields say it: `application_error on node-02 rank 3`."""
+    from .engine.public import WITHHELD, shown
+    node, gpu = shown("name", cause.get("node")), shown("pci", cause.get("gpu"))
+    parts = [str(cause.get("category") or "cause"), f"on {node}" if node != WITHHELD else "",
+             f"GPU {gpu}" if gpu != WITHHELD else "",
+             f"rank {cause['rank']}" if isinstance(cause.get("rank"), int) else ""]
+    return " ".join(p for p in parts if p)
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

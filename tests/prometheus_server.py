@@ -5,6 +5,7 @@ connector must survive: one that answers 500, one that accepts and never answers
 trickles its answer a byte at a time."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -178,28 +179,6 @@ class Answers500(_Local):
         self._serve(H)
 
 
-class Recorder(_Local):
-    """Answers every query with an empty success, keeping each request's Authorization header."""
-
-    def __init__(self):
-        seen = self.auth = []
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                seen.append(self.headers.get("Authorization"))
-                body = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self._serve(H)
-
-
 class NeverAnswers:
     """Accepts connections and reads them, never writes a byte (a hung Prometheus)."""
 
@@ -268,3 +247,34 @@ class Trickles(_Local):
     def stop(self):
         self.stopping.set()
         super().stop()
+
+
+class Answers(_Local):
+    """Answers every query with `status` and a JSON body: an empty success padded to `size`
+    bytes, or an error whose message echoes the request's Authorization header (as a proxy's
+    error page may). Keeps each request's Authorization header in `auth`."""
+
+    def __init__(self, status: int = 200, size: int = 0, error_type: str = "unavailable"):
+        seen = self.auth = []
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append(self.headers.get("Authorization"))
+                if status == 200:
+                    body = (b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
+                            .ljust(size, b" "))
+                else:
+                    body = json.dumps({"status": "error", "errorType": error_type,
+                                       "error": "upstream refused the request with headers "
+                                                f"Authorization: {self.headers.get('Authorization')}"
+                                       }).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self._serve(H)

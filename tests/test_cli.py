@@ -240,3 +240,38 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path):
     assert r.returncode == 1, r.stderr
     assert r.stderr.splitlines()[0] == f"sattrib: error: port {port} on 127.0.0.1 is already in use"
     assert "Traceback" not in r.stderr
+
+
+OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"          # a clipboard write
+CLEAR = "\x1b[2J"
+
+
+def test_what_users_wrote_reaches_the_terminal_escaped(tmp_path):
+    """A job name holding an OSC 52 clipboard write and a clear-screen, an output file named
+    with one, a partition that reads as a formula: `analyze`, `JOBID`, `list` and `list -P`
+    show the escapes as text, and -P defuses the formula."""
+    folder = tmp_path / "job"
+    (folder / "slurm").mkdir(parents=True)
+    (folder / "slurm" / "job.txt").write_text(
+        f"JobId=7100 JobName=x{OSC52}{CLEAR}\n   UserId=alice(1000) GroupId=a(1)\n"
+        "   JobState=FAILED Reason=NonZeroExitCode\n   Restarts=0 ExitCode=1:0\n"
+        "   StartTime=2026-11-02T09:00:00 EndTime=2026-11-02T10:30:00\n"
+        "   Partition=-2+3+cmd|calc\n   NodeList=node-01\n")
+    (folder / "node-01").mkdir()
+    (folder / "node-01" / f"rank-0{CLEAR}.err").write_text("[rank0]: ValueError: bad\n")
+    db = str(tmp_path / "d.db")
+    outs = []
+    for args in (["analyze", str(folder), "--store", "--database", db], ["7100", "--database", db],
+                 ["list", "-S", "2000-01-01", "--database", db],
+                 ["list", "-S", "2000-01-01", "-P", "--database", db],
+                 ["analyze", str(folder), "--json"]):
+        r = run(*args)
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\x07" not in r.stdout, args
+        outs.append(r.stdout)
+    analyzed, shown, listed, parsable, as_json = outs
+    for out in (analyzed, shown):
+        assert "Job 7100  x\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J, user alice" in out
+        assert "e1 node-01/rank-0\\x1b[2J.err:1" in out
+    assert "|'-2+3+cmd/calc|" in parsable and " -2+3+cmd|calc " in listed
+    assert json.loads(as_json)["job"]["name"] == f"x{OSC52}{CLEAR}"    # JSON keeps the value

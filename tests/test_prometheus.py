@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prometheus_server import (Answers500, NeverAnswers, Prometheus, Recorder, Trickles,
+from prometheus_server import (Answers, Answers500, NeverAnswers, Prometheus, Trickles,
                                closed_port_url, exposition, have_prometheus, openmetrics,
                                self_signed_ca, steps, token_file)
 from sattrib.analysis import analyze_folder
@@ -429,7 +429,7 @@ def test_a_url_with_a_password_is_refused_as_a_setting():
 
 def test_bearer_token_and_basic_auth_are_sent(tmp_path):
     import base64
-    srv = Recorder()
+    srv = Answers()
     try:
         st = _settings(srv.url, prometheus_token_file=token_file(tmp_path, TOKEN))
         got = prometheus.fetch(st, ["n1"], START, END, time.monotonic() + 10)
@@ -444,6 +444,42 @@ def test_bearer_token_and_basic_auth_are_sent(tmp_path):
     assert srv.auth[:n] == [f"Bearer {TOKEN}"] * n
     assert srv.auth[n:] == ["Basic " + base64.b64encode(b"sattrib:hunter2").decode()] * n
     assert TOKEN not in json.dumps(got.per_node) + " ".join(got.notes)
+
+
+@pytest.mark.parametrize("status", [503, 400])
+@pytest.mark.prometheus
+def test_an_error_that_echoes_the_credentials_reaches_no_note(tmp_path, status):
+    """A proxy in front of Prometheus that refuses (503) or rejects a query (400) with the
+    request's headers in its message: notes, metrics.json and the diagnosis keep the status
+    and Prometheus's errorType, never the message."""
+    srv = Answers(status=status, error_type="bad_data" if status == 400 else "unavailable")
+    try:
+        st = _settings(srv.url, prometheus_token_file=token_file(tmp_path, TOKEN))
+        d, got, folder = _diagnose_with_metrics(tmp_path, st, ["gn-xid"], {"gn-xid": QUIET})
+    finally:
+        srv.stop()
+    everything = (json.dumps(d.model_dump(mode="json")) + " ".join(got.notes) +
+                  "".join(p.read_text() for p in folder.rglob("*") if p.is_file()))
+    assert TOKEN not in everything and "upstream refused" not in everything
+    why = "HTTP 503 (unavailable)" if status == 503 else "HTTP 400 (bad_data)"
+    assert any(why in n for n in d.completeness.failed_probes), d.completeness.failed_probes
+    assert got.queries == (1 if status == 503 else len(prometheus.DEFAULT_SERIES))
+
+
+@pytest.mark.prometheus
+def test_the_answers_of_one_fetch_are_bounded_in_all(tmp_path, monkeypatch):
+    """Each answer under the per-answer cap, but together over the fetch's: the asking stops
+    there (a byte of JSON costs several of memory until the bundle is written)."""
+    monkeypatch.setattr(prometheus, "MAX_TOTAL_BODY", 3 << 20)
+    srv = Answers(size=1 << 20)
+    try:
+        got = prometheus.fetch(_settings(srv.url), ["n1"], START, END, time.monotonic() + 30)
+    finally:
+        srv.stop()
+    assert got.queries == 4 and got.bytes == 3 << 20
+    assert any("the answers passed 3 MiB in all" in n for n in got.notes), got.notes
+    errors = [e["error"] for e in got.per_node["n1"] if "error" in e]
+    assert len(errors) == len(prometheus.DEFAULT_SERIES) - 3
 
 
 def test_metrics_json_in_the_jobs_own_output_is_not_evidence(tmp_path, rules):

@@ -266,12 +266,15 @@ class Answering:
 
     def __init__(self, tls=None):
         self.answer = (200, "application/json", b"{}")
+        self.location = None                  # a redirect's Location, when set
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 status, ctype, body = outer.answer
                 self.send_response(status)
+                if outer.location:
+                    self.send_header("Location", outer.location)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -320,13 +323,48 @@ def test_errors_and_odd_answers_are_one_line(broken):
 
 
 
-def test_tls_is_verified_and_server_ca_file_trusts_the_sites_ca(tmp_path):
-    """A dashboard with a certificate of the site's own CA (here: self-signed): refused in one
-    line until server_ca_file names it."""
+def _self_signed(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def test_a_redirect_from_https_to_http_is_refused(tmp_path):
+    """The dashboard's https address redirects to plain http: refused in one line (the answer
+    would travel unencrypted); a redirect to another https address is followed."""
+    cert, key = _self_signed(tmp_path)
+    secure, other, plain = Answering(tls=(cert, key)), Answering(tls=(cert, key)), Answering()
+    no_runs = (404, "application/json", b'{"job_id": "1001", "runs": []}')
+    other.answer = plain.answer = no_runs
+    secure.answer = (302, "text/plain", b"")
+    try:
+        secure.location = plain.url + "job.json?id=1001"
+        one_line_error(sattrib("1001", server=secure.url, SATTRIB_SERVER_CA_FILE=str(cert)),
+                       f"redirected to {plain.url}job.json?id=1001: refused", "https")
+        secure.location = other.url + "job.json?id=1001"
+        one_line_error(sattrib("1001", server=secure.url, SATTRIB_SERVER_CA_FILE=str(cert)),
+                       f"no diagnosis for job 1001 at {secure.url}")
+    finally:
+        for srv in (secure, other, plain):
+            srv.close()
+
+
+def test_a_plain_http_server_url_beyond_this_machine_is_named(tmp_path):
+    r = sattrib("1001", server="http://192.0.2.1:9/", timeout_s=1)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and lines[0] == (
+        "sattrib: warning: server_url http://192.0.2.1:9/ is not https: the diagnosis travels "
+        "unencrypted and anyone on the way can change it; use the dashboard's https address")
+    assert lines[1].startswith("sattrib: error:")
+    assert "warning" not in sattrib("1001", server="http://127.0.0.1:9/").stderr
+
+
+def test_tls_is_verified_and_server_ca_file_trusts_the_sites_ca(tmp_path):
+    """A dashboard with a certificate of the site's own CA (here: self-signed): refused in one
+    line until server_ca_file names it."""
+    cert, key = _self_signed(tmp_path)
     srv = Answering(tls=(cert, key))
     srv.answer = (404, "application/json", b'{"job_id": "1001", "runs": []}')
     try:

@@ -42,6 +42,7 @@ role: root
 source: kernel
 pattern: 'thing (?P<n>\\d+) failed'
 explain: 'thing {n}'
+public: {n: number}
 examples:
   match:
     - line: 'thing 3 failed'
@@ -66,6 +67,9 @@ def test_site_rule_loads_and_changes_version(tmp_path):
     (("role: root", "role: culprit"), "role"),
     (("category: storage_io", "category: disk"), "category"),
     (("title: A thing", "title: A thing\ncolour: red"), "colour"),
+    (("public: {n: number}", "public: {}"), "explain: n is the user's text"),
+    (("public: {n: number}", "public: {n: words, m: name}"), "no capture 'm'"),
+    (("public: {n: number}", "public: {n: prose}"), "public.n"),
 ])
 def test_bad_rules_name_the_file(tmp_path, change, needle):
     _write(tmp_path, "site/thing.yaml", GOOD.replace(*change))

@@ -226,4 +226,4 @@ def test_two_failing_tasks_on_two_nodes_place_no_unranked_error(tmp_path, rules)
                        "srun: error: gn08: task 1: Exited with exit code 1\n"}, rules)
     assert cause(d) == ("attributed", "application_error", None)     # not a guess between two
     assert d.root_cause.rank is None
-    assert d.root_cause.summary == "a rank raised IndexError: list index out of range"  # no "?"
+    assert d.root_cause.summary == "a rank raised IndexError"          # no "?", no message

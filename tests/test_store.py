@@ -118,3 +118,45 @@ def test_blame_columns_are_filled_for_rows_stored_before_them(tmp_path, rules):
     c = sqlite3.connect(db)
     assert c.execute("select job_id, blame, trust, machine_fault, out_of_service from diagnoses "
                      "order by job_id").fetchall() == want
+
+
+def test_summaries_stored_before_they_were_public_are_rewritten(tmp_path, rules):
+    """A database holding summaries from before they were built from fields (one quoting an
+    exception's secret value, one ambiguous pair) gets them rewritten from each cause's
+    fields once; the evidence line keeps its text for those who may read it."""
+    from dataclasses import replace
+    from test_public_text import analyze
+    secret = "sk-live-SECRET123"
+    d = analyze(tmp_path / "a", {"logs/job.out": f"[rank3]: KeyError: 'api_token={secret}'"},
+                rules)
+    old = d.model_copy(update={"job_id": "1", "root_cause": replace(
+        d.root_cause, summary=f"rank 3 raised KeyError: 'api_token={secret}'"),
+        "explanation": f"application_error: rank 3 raised KeyError: '{secret}'."})
+    two = d.model_copy(update={"job_id": "2", "outcome": type(d.outcome)("ambiguous"),
+                               "root_cause": None, "candidates": [
+                                   replace(d.root_cause, summary=secret, node="n1"),
+                                   replace(d.root_cause, summary=secret, node="n'2", rank=None)]})
+    db = tmp_path / "d.db"
+    s = Store(db)
+    s.upsert(old, "c")
+    s.upsert(two, "c")
+    c = sqlite3.connect(db)
+    c.execute("delete from _sqlite_migrations where name = 'm010_public_summaries'")
+    c.commit()
+    Store(db)
+    rows = dict(c.execute("select job_id, summary from diagnoses"))
+    assert rows == {"1": "application_error rank 3",
+                    "2": "Several causes fit: application_error on n1 rank 3; application_error."}
+    assert [r[0] for r in c.execute("select summary from candidates order by idx")] == [
+        "application_error on n1 rank 3", "application_error"]
+    stored = json.loads(c.execute("select diagnosis_json from diagnoses where job_id = '1'")
+                        .fetchone()[0])
+    assert stored["root_cause"]["summary"] == "application_error rank 3"
+    assert stored["explanation"] == "application_error rank 3."
+    public = " ".join(r[0] or "" for r in c.execute(
+        "select diagnosis_json from diagnoses union all select summary from diagnoses_fts "
+        "union all select summary from candidates"))
+    assert secret not in public.replace(stored["evidence"][0]["text"], "")
+    assert c.execute("select count(*) from diagnoses_fts where diagnoses_fts match 'SECRET123'"
+                     ).fetchone()[0] == 0
+    assert any(secret in r[0] for r in c.execute("select text from evidence"))
