@@ -194,6 +194,9 @@ class Rec:
 _HOST_IDENT = r" (?P<host>[^\s:\[\]]+) (?P<ident>[^\s:\[\]]+)(?:\[(?P<pid>\d+)\])?: (?P<msg>.*)$"
 _SYSLOG = re.compile(r"^" + _MON + r" (?P<d>[ \d]?\d) (?P<t>\d\d:\d\d:\d\d)(?:\.(?P<f>\d{1,9}))?"
                      + _HOST_IDENT)
+# rsyslog's template without the host: "Mar 27 17:40:36 kernel: ...".
+_SYSLOG_NOHOST = re.compile(r"^" + _MON + r" (?P<d>[ \d]?\d) (?P<t>\d\d:\d\d:\d\d)"
+                            r"(?:\.(?P<f>\d{1,9}))? (?P<ident>kernel): (?P<msg>.*)$")
 _ISOLOG = re.compile(r"^(?P<date>\d{4}-\d\d-\d\d)T(?P<t>\d\d:\d\d:\d\d)(?:\.(?P<f>\d{1,9}))?"
                      r"(?P<tz>Z|[+-]\d\d:?\d\d)" + _HOST_IDENT)
 _TALOS = re.compile(r"^(?P<host>[\w.:-]+): kern: *\w+: \[(?P<date>\d{4}-\d\d-\d\d)T"
@@ -224,11 +227,12 @@ def _mono_us(s: str, f: str) -> int:
 
 
 def _parse_line(line: str, ref_us: Optional[int], rel_us: list) -> Rec:
-    if (m := _SYSLOG.match(line)):
+    if (m := _SYSLOG.match(line) or _SYSLOG_NOHOST.match(line)):
         mon = MONTHS.index(m["mon"]) + 1
         y = _year_near(mon, int(m["d"]), ref_us)
+        g = m.groupdict()
         rec = Rec(m["msg"], _epoch_us(y, mon, int(m["d"]), *_clock(m["t"]), m["f"]), bool(m["f"]),
-                  host=m["host"], ident=m["ident"], pid=m["pid"])
+                  host=g.get("host"), ident=m["ident"], pid=g.get("pid"))
     elif (m := _ISOLOG.match(line)):
         y, mo, d = map(int, m["date"].split("-"))
         rec = Rec(m["msg"], _epoch_us(y, mo, d, *_clock(m["t"]), m["f"]) - _tz_us(m["tz"]),

@@ -25,45 +25,9 @@ from test_real_cases import verdict
 # The (case, shape) pairs whose diagnosis changes today, each with the mechanism that changes
 # it. They run as strict xfails: when a mechanism is fixed its pairs pass, fail the run, and are
 # removed from here.
-MSG_ONLY = "message-only kernel lines (journalctl -o cat, dmesg -t) are read as system output"
-ORIGINAL_MSG_ONLY = "the original's unstamped Xid line is system output; stamped, it adds the GPU"
-STRERROR = "an errno given by its strerror text, without Python's [Errno N], is not read as one"
-BAR_ANCHORED = "a progress bar's last frame stays before the line: anchored patterns miss it"
 BAR_PREFIX = "a progress bar before the line hides its NCCL host:pid:tid or [rankN]: prefix"
 BAR_LABEL = "a launcher's label before a progress bar's \\r is dropped with the bar"
-FLASHINFER = "real/gpu-xid31-mmu-fault-flashinfer-mtp-kernel-bug-vllm"
 XFAIL: dict[tuple[str, str], str] = {
-    ("real/gpu-pcie-aer-fatal-cmpltto-training-hang-dmesg-reltime", "journal-cat"): MSG_ONLY,
-    ("real/gpu-pcie-aer-fatal-cmpltto-training-hang-dmesg-reltime", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-pcie-aer-surprise-down-then-xid79-k40m", "journal-cat"): MSG_ONLY,
-    ("real/gpu-pcie-aer-surprise-down-then-xid79-k40m", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-reset-required-gsp-cuda-busy-unavailable-nccltest", "journal-cat"): MSG_ONLY,
-    ("real/gpu-reset-required-gsp-cuda-busy-unavailable-nccltest", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid119-gsp-rpc-timeout-nvidia-smi-hang-k8s", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid119-gsp-rpc-timeout-nvidia-smi-hang-k8s", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid31-host-esc-fault-tinygrad-nv-needs-patched-module", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid31-host-esc-fault-tinygrad-nv-needs-patched-module", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid31-repeated-one-gpu-faulty-device-cudnn-errors", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid31-repeated-one-gpu-faulty-device-cudnn-errors", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid48-dbe-xid64-retirement-failed-k8s-syslog", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid48-dbe-xid64-retirement-failed-k8s-syslog", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid74-sxid24007-nvlink-a100-talos", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid74-sxid24007-nvlink-a100-talos", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid79-container-stuck-usb-c-functions-die-dmesg", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid79-container-stuck-usb-c-functions-die-dmesg", "dmesg-t"): MSG_ONLY,
-    ("real/gpu-xid79-titanv-overheating-workstation", "journal-cat"): MSG_ONLY,
-    ("real/gpu-xid79-titanv-overheating-workstation", "dmesg-t"): MSG_ONLY,
-    ("real/r2b-dmesg-fallen-off-bus-banner-without-xid-probe-failed", "journal-cat"): MSG_ONLY,
-    ("real/r2b-dmesg-fallen-off-bus-banner-without-xid-probe-failed", "dmesg-t"): MSG_ONLY,
-    ("real/wl-tranx-kernel-oom-killer-python3", "journal-cat"): MSG_ONLY,
-    ("real/wl-tranx-kernel-oom-killer-python3", "dmesg-t"): MSG_ONLY,
-    (FLASHINFER, "journal-short"): ORIGINAL_MSG_ONLY,
-    (FLASHINFER, "journal-short-iso"): ORIGINAL_MSG_ONLY,
-    (FLASHINFER, "journal-short-precise"): ORIGINAL_MSG_ONLY,
-    (FLASHINFER, "journal-json"): ORIGINAL_MSG_ONLY,
-    (FLASHINFER, "dmesg"): ORIGINAL_MSG_ONLY,
-    (FLASHINFER, "dmesg-T"): ORIGINAL_MSG_ONLY,
-    (FLASHINFER, "syslog"): ORIGINAL_MSG_ONLY,
     ("shared/driver_too_old_preflight", "progress-bar"): BAR_PREFIX,
     ("real/r2a-horovod-mpirun-dataloader-bus-error-shm", "progress-bar"): BAR_LABEL,
 }
