@@ -39,6 +39,7 @@ class Event:
     detail: str = ""
     weak: bool = False              # a program-level or "maybe hardware" signal
     last_resort: bool = False       # a root only when nothing else in the job is one
+    suggests: bool = False          # points at its cause without proving it (rule_spec.proves)
     explained_by: tuple = ()        # families whose trusted incident on the node explains it
     catalog_row: str = ""           # "<catalog>:<line>" of the row that classified it
     blame: Optional[tuple] = None   # (category, Blame) its rule or catalog row declares
@@ -86,7 +87,7 @@ def catalog_digest() -> str:
 def xid(ev: Event, tc: TimeContext) -> None:
     code = int(ev.caps.get("xid", "0"))
     v = xidcat.classify(code, ev.caps.get("body", ""))
-    ev.category, ev.role, ev.weak = v.category, v.role, v.weak
+    ev.category, ev.role, ev.weak, ev.suggests = v.category, v.role, v.weak, v.suggests
     ev.tag(*v.tags, f"xid{code}")
     ev.action = v.action
     ev.detail = v.detail
@@ -95,6 +96,10 @@ def xid(ev: Event, tc: TimeContext) -> None:
     pid = ev.caps.get("pid", "").strip("'")
     if pid.isdigit():
         ev.pid = int(pid)
+    if ev.category == Category.application_error and ev.pid:
+        # An application-class Xid that names the process it stopped is that program's fault;
+        # with no process (pid 0, '<unknown>') a faulty GPU fits as well.
+        ev.suggests = False
 
 
 # libibverbs enum ibv_wc_status, as NCCL prints it (error-signatures NCCL-01).
@@ -122,7 +127,7 @@ def ib_completion(ev: Event, tc: TimeContext) -> None:
         # The peer's HCA never acknowledged: a dead peer process explains it as well as a bad
         # link, so it names the network only when nothing else in the job is a cause.
         ev.category, ev.role = Category.network_ib, Role.root
-        ev.weak = ev.last_resort = True
+        ev.weak = ev.last_resort = ev.suggests = True
         ev.action = Action.inspect_network_link
         ev.detail = f"status {st} ({_IB_NAMES[st]}): the transport gave up retrying"
     else:
@@ -151,7 +156,7 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
             break
     else:  # no reason, or "DUE to SIGNAL ..." (25.05+)
         ev.category, ev.role = Category.scheduler_cancelled, Role.root
-        ev.last_resort = True
+        ev.last_resort = ev.suggests = True
         ev.tag(Tag.bare_cancel)
     if ev.category == Category.scheduler_node_failure:
         ev.tag(Tag.node_failure_banner)
@@ -216,7 +221,8 @@ _STATES = {
 
 @decoder
 def job_state(ev: Event, tc: TimeContext) -> None:
-    state = (ev.caps.get("state") or "").upper()
+    # `JobState=S` (scontrol) or sacct's State column (`CANCELLED by 41022`).
+    state = (ev.caps.get("state") or ev.caps.get("state2") or "").upper()
     if state.startswith("CANCELLED"):
         ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
         if "BY" in state:

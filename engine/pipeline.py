@@ -25,7 +25,7 @@ from typing import Optional
 from .assemble import assemble
 from .correlate import correlate, recast, repeats_across_processes, version_skew
 from .extract import extract
-from .incident import Incident, earliest
+from .incident import Incident, earliest, proven
 from .lineparse import TimeContext
 from .models import Bundle, Diagnosis
 from .refine import build_incidents, select
@@ -72,7 +72,7 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     if any(Tag.cancel_record in e.tags for e in events):
         for e in events:
             if Tag.bare_cancel in e.tags:
-                e.last_resort = False
+                e.last_resort = e.suggests = False
     terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS
                    and not e.last_resort]
     terminator = earliest(terminators, st.clock_skew) if terminators else None
@@ -104,10 +104,22 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
         winners = [term]
     else:
         outcome = Outcome.unattributed
+    # A cause whose lines only suggest it is a candidate, never the answer: ambiguous beside
+    # the proven causes of another kind the verdict set aside, else unattributed naming it.
+    possible: list = []
+    unproven = outcome == Outcome.attributed and not proven(winners[0], events)
+    if unproven:
+        alternatives = [i for i in demoted if i.family != winners[0].family
+                        and proven(i, events) and not all(Tag.teardown in e.tags
+                                                          for e in i.events)]
+        if alternatives:
+            winners, outcome = winners + alternatives[:3], Outcome.ambiguous
+        else:
+            possible, winners, outcome = winners, [], Outcome.unattributed
 
     findings, suspects = progress_findings(events, links, job)
     d = assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-                 engine_version, findings, suspects)
+                 engine_version, findings, suspects, possible, unproven)
     # A site rule file that did not load: this diagnosis was made without it.
     d.completeness.notes[:0] = [f"site rules: {p}" for p in getattr(rules, "problems", ())]
     return d
