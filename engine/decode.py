@@ -196,7 +196,7 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
             # A task's own non-zero exit: the program failed there, but the exit code alone
             # says nothing more; it names the cause only when nothing else in the job does.
             ev.category, ev.role = Category.application_error, Role.root
-            ev.weak = ev.last_resort = True
+            ev.weak = ev.last_resort = ev.suggests = True
             ev.action = Action.fix_application
     elif sig is not None:
         ev.tag(f"signal{sig}")
