@@ -203,6 +203,8 @@ _TALOS = re.compile(r"^(?P<host>[\w.:-]+): kern: *\w+: \[(?P<date>\d{4}-\d\d-\d\
                     r"(?P<t>\d\d:\d\d:\d\d)(?:\.(?P<f>\d{1,9}))?Z\]: (?P<msg>.*)$")
 _DMESG_T = re.compile(r"^\[\w{3} " + _MON + r" (?P<d>[ \d]?\d) (?P<t>\d\d:\d\d:\d\d) "
                       r"(?P<y>\d{4})\] (?P<msg>.*)$")
+# A kernel line as admins paste it, without its time stamp: "kernel: NVRM: ...".
+_PASTED = re.compile(r"^(?:(?P<host>[A-Za-z0-9][\w.-]{0,63}) )?kernel: (?P<msg>.*)$")
 _MONO = re.compile(r"^\[ *(?P<s>\d+)\.(?P<f>\d{1,9})\] (?P<msg>.*)$")
 _RELTIME = re.compile(r"^\[ *\+ *(?P<s>\d+)\.(?P<f>\d{1,9})\] (?P<msg>.*)$")
 _SEPARATOR = re.compile(r"^-- (?:Boot [0-9a-f]+|Logs begin at .*|No entries|Reboot) --$")
@@ -249,6 +251,8 @@ def _parse_line(line: str, ref_us: Optional[int], rel_us: list) -> Rec:
     elif (m := _RELTIME.match(line)):
         rel_us[0] += _mono_us(m["s"], m["f"])
         return Rec(m["msg"], mono_us=rel_us[0])
+    elif (m := _PASTED.match(line)):
+        return Rec(m["msg"], host=m["host"])
     else:
         return Rec(line)
     if rec.ident == "kernel" and (m := _MONO.match(rec.msg)):

@@ -25,10 +25,8 @@ from test_real_cases import verdict
 # The (case, shape) pairs whose diagnosis changes today, each with the mechanism that changes
 # it. They run as strict xfails: when a mechanism is fixed its pairs pass, fail the run, and are
 # removed from here.
-BAR_PREFIX = "a progress bar before the line hides its NCCL host:pid:tid or [rankN]: prefix"
 BAR_LABEL = "a launcher's label before a progress bar's \\r is dropped with the bar"
 XFAIL: dict[tuple[str, str], str] = {
-    ("shared/driver_too_old_preflight", "progress-bar"): BAR_PREFIX,
     ("real/r2a-horovod-mpirun-dataloader-bus-error-shm", "progress-bar"): BAR_LABEL,
 }
 
