@@ -107,10 +107,10 @@ def xid(ev: Event, tc: TimeContext) -> None:
     pid = ev.caps.get("pid", "").strip("'")
     if pid.isdigit():
         ev.pid = int(pid)
-    if ev.category == Category.application_error and ev.pid:
-        # An application-class Xid that names the process it stopped is that program's fault;
-        # with no process (pid 0, '<unknown>') a faulty GPU fits as well.
-        ev.suggests = False
+    if ev.category == Category.application_error:
+        # An Xid that NVIDIA's catalog puts on the program is that program's fault when it names
+        # the process it stopped; with no process (pid 0, '<unknown>') a faulty GPU fits as well.
+        ev.suggests = not ev.pid
 
 
 # libibverbs enum ibv_wc_status, as NCCL prints it (error-signatures NCCL-01).
@@ -131,8 +131,10 @@ def ib_completion(ev: Event, tc: TimeContext) -> None:
     ev.tag(f"ibstatus{st}")
     ev.detail = f"status {st} ({_IB_NAMES.get(st, 'unknown')})"
     if st in _IB_ROOT:
+        # One side's completion status points at the set-up (GPUDirect RDMA, ACS, memory
+        # registration) without proving it.
         ev.category, why = _IB_ROOT[st]
-        ev.role, ev.weak, ev.detail = Role.root, True, why
+        ev.role, ev.weak, ev.suggests, ev.detail = Role.root, True, True, why
         ev.action = Action.fix_network_config
     elif st in _IB_RETRY:
         # The peer's HCA never acknowledged: a dead peer process explains it as well as a bad

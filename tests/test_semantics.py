@@ -26,10 +26,19 @@ def test_bare_step_cancel_after_a_task_failure_is_teardown(tmp_path, rules):
         "slurmstepd: error: *** STEP 43575862.0 ON node-01 CANCELLED AT 2021-07-14T08:00:36 ***\n"
         "srun: error: node-01: tasks 3,7: Killed\n"
         "srun: error: node-02: tasks 9-10,12-15: Killed\n")}, rules)
-    # The cancel and the kills are srun's teardown; what is left, task 5's exit code, says the
-    # program failed there but not why: possible, not proven.
+    # The cancel and the kills are srun's teardown of the step after task 5 exited: Slurm's own
+    # sequence says that task's failure ended it.
+    assert cause(d) == ("attributed", "application_error", "node-01")
+    assert d.root_cause.rank == 5
+
+
+def test_a_lone_exit_code_is_a_possible_program_failure(tmp_path, rules):
+    # With no teardown after it, a task's exit code says the program failed there, not why.
+    d = run(tmp_path, {"logs/job.out": (
+        "srun: error: node-01: task 5: Exited with exit code 1\n"
+        "srun: error: node-02: tasks 8-15: Aborted (core dumped)\n")}, rules)
     assert cause(d) == ("unattributed", None, None)
-    assert possible(d) == [("application_error", "node-01")] and d.possible[0].rank == 5
+    assert possible(d) == [("application_error", "node-01")]
 
 
 def test_memory_enforcement_then_bare_cancel_is_host_oom(tmp_path, rules):
@@ -92,12 +101,18 @@ RESET = ("node-01:3205267:3205779 [5] misc/socket.cc:49 NCCL WARN socketProgress
          "recv from 172.24.16.5<59590> failed : Connection reset by peer\n")
 
 
-def test_connection_reset_with_no_crash_is_a_possible_network_fault(tmp_path, rules):
-    # A peer that reset the connection is a dead peer process as well as a bad link.
+def test_connection_reset_with_no_crash_is_the_network(tmp_path, rules):
     d = run(tmp_path, {"logs/job.out": RESET}, rules)
-    assert d.outcome.value == "unattributed"
-    assert [c for c, _ in possible(d)] == ["network_ib"]
+    assert d.outcome.value == "attributed" and d.root_cause.category.value == "network_ib"
     assert d.evidence[0].rule == "nccl.socket_error"
+
+
+def test_connection_reset_after_a_rank_crashed_is_no_proof_of_the_network(tmp_path, rules):
+    # The rank's CUDA error names no cause alone, but a dead process explains its peer's reset.
+    d = run(tmp_path, {"logs/job.out": (
+        "36: RuntimeError: CUDA error: unknown error\n" + RESET)}, rules)
+    assert d.outcome.value == "unattributed"
+    assert "network_ib" in [c for c, _ in possible(d)]
 
 
 def test_connection_reset_beside_a_crash_is_the_crash(tmp_path, rules):
