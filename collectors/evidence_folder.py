@@ -101,8 +101,12 @@ def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
 
 def _kernel_record(kind: str, p) -> bool:
     """Whether a kernel log's line (split_prefix's `p`) is the kernel's own: only what the
-    kernel printed is kernel evidence, and it is read from the record's start."""
-    return kind == "kernel_log" and (p.kernel_form or p.ident == "kernel")
+    kernel printed is kernel evidence, and it is read from the record's start. A line with no
+    prefix at all in a file named as a kernel log is the message alone, as `journalctl -k -o
+    cat` and `dmesg -t` print it (contract section 1); a line another program logged carries
+    its identifier."""
+    return kind == "kernel_log" and (p.kernel_form or p.ident == "kernel" or (
+        p.ident is None and p.stamp is None and p.host is None))
 
 
 def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:

@@ -61,10 +61,9 @@ def run(name: str, argv: list, deadline: float, *, max_bytes: int = DEFAULT_MAX_
     if input is not None:
         try:
             p.stdin.write(input[: 1 << 16])
+            p.stdin.close()           # flushes: a child that read nothing breaks the pipe
         except OSError:
             pass
-        finally:
-            p.stdin.close()
     out, err = bytearray(), bytearray()
     truncated = False
     sel = selectors.DefaultSelector()

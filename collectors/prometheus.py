@@ -430,6 +430,37 @@ def _series_name(query: str) -> str:
     return query.split("{", 1)[0].strip()
 
 
+def _name_of(series: dict, query: str) -> str:
+    """A series' metric name: its own `__name__` label, as Prometheus returns it for any
+    selector (`{__name__=~"DCGM_FI_.*"}` included); the query's leading name only where the
+    series carries none (a query through a function drops it)."""
+    metric = series.get("metric") if isinstance(series.get("metric"), dict) else {}
+    name = metric.get("__name__")
+    return name if isinstance(name, str) and name else _series_name(query)
+
+
+def _window(entry: dict, entries: list) -> tuple[Optional[float], Optional[float]]:
+    """(start, step) of the window a query covered: its `range` as sattrib saves it; for a
+    file collected by hand without one, the earliest sample in the file and the finest
+    spacing between two samples of one series (a series that starts later than that was
+    born inside the window)."""
+    rng = entry.get("range")
+    if isinstance(rng, list) and len(rng) == 3 and all(
+            isinstance(x, (int, float)) for x in (rng[0], rng[2])):
+        return float(rng[0]), float(rng[2])
+    first, step = None, None
+    for e in entries:
+        for series in e.get("result") if isinstance(e, dict) and isinstance(
+                e.get("result"), list) else []:
+            pts = _numbers(series.get("values") or []) if isinstance(series, dict) else []
+            if pts:
+                first = pts[0][0] if first is None else min(first, pts[0][0])
+            gaps = [b[0] - a[0] for a, b in zip(pts, pts[1:]) if b[0] > a[0]]
+            if gaps:
+                step = min(gaps) if step is None else min(step, min(gaps))
+    return (first, step) if first is not None and step else (None, None)
+
+
 def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line], list[str]]:
     """Pure: `<node>/metrics.json` -> (evidence lines, notes). An error entry becomes a
     `probe=prometheus ... ok=false` line (the `probe.failed` rule makes it `metrics:<node>`
@@ -448,7 +479,6 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
         if not isinstance(e, dict) or not isinstance(e.get("query"), str):
             continue
         q = e["query"]
-        name = _series_name(q)
         if "error" in e:
             failed = failed or str(e["error"])[:300]
             continue
@@ -456,16 +486,16 @@ def lines(text: str, node: str, doc: str, ui_url: str = "") -> tuple[list[Line],
         if not isinstance(result, list):
             continue
         if not result:
-            absent.append(name)
+            absent.append(_series_name(q) or q[:200])
+        lo, step = _window(e, entries)
         for series in result:
             if not isinstance(series, dict):
                 continue
-            metric = series.get("metric") or {}
+            name = _name_of(series, q)
+            metric = series.get("metric") if isinstance(series.get("metric"), dict) else {}
             values = series.get("values") or ([series["value"]] if "value" in series else [])
-            rng = e.get("range") if isinstance(e.get("range"), list) else [None, None, None]
-            lo, step = (rng[0], rng[2]) if len(rng) == 3 else (None, None)
-            if not isinstance(step, (int, float)) or not isinstance(lo, (int, float)):
-                lo, step = None, None
+            if not name or not isinstance(values, list):
+                continue
             s = None if name == UTIL_SERIES else summarize(name, values, lo, step)
             if s is None:
                 continue
@@ -548,15 +578,19 @@ def falls(text: str, node: str, doc: str) -> list[Fall]:
         return []
     out = []
     for n, e in enumerate(entries if isinstance(entries, list) else [], 1):
-        if not isinstance(e, dict) or not isinstance(e.get("query"), str) \
-                or _series_name(e["query"]) != UTIL_SERIES:
+        if not isinstance(e, dict) or not isinstance(e.get("query"), str):
             continue
         rng = e.get("range")
         if not (isinstance(rng, list) and len(rng) == 3
                 and all(isinstance(x, (int, float)) for x in rng)):
-            continue
+            lo, step = _window(e, entries)
+            if lo is None:
+                continue
+            rng = [lo, max((v[0] for s in e.get("result") or [] if isinstance(s, dict)
+                            for v in _numbers(s.get("values") or [])), default=lo), step]
         for series in e.get("result") if isinstance(e.get("result"), list) else []:
-            if not isinstance(series, dict) or not isinstance(series.get("values"), list):
+            if not isinstance(series, dict) or not isinstance(series.get("values"), list) \
+                    or _name_of(series, e["query"]) != UTIL_SERIES:
                 continue
             f = _fall(series["values"])
             if f is None:

@@ -485,7 +485,9 @@ def rule_view(kind: str, text: str, job_id: Optional[str] = None) -> str:
         spans = [at] if at else []
         for cols in rows:
             spans += [c for h, c in zip(head, cols) if c is not None and h not in _SACCT_FREE]
-        return _keep(text, spans)
+            # The column separators stay: a blanked name still leaves the State column third.
+            spans += [(c[1], c[1] + 1) for c in cols[:-1] if c is not None]
+        return _keep(text, sorted(spans))
     if kind == "slurm_json":
         return _json_view(text, job_id)
     return text

@@ -26,8 +26,14 @@ def _summary(ev: Event, rules) -> str:
 
 
 def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-              engine_version, findings=(), suspects=()) -> Diagnosis:
+              engine_version, findings=(), suspects=(), possible=(),
+              unproven: bool = False) -> Diagnosis:
+    """`possible`: with no winner, the incidents whose lines only suggest their cause, shown
+    as causes the evidence points at without proving them; `unproven`: the first candidate of
+    an ambiguous diagnosis is only suggested by its lines."""
     job = bundle.job
+    winners = list(winners) or list(possible)
+    maybe: list = []
     root_events = {id(e) for inc in winners for e in inc.events}
     win_first = [inc.first for inc in winners]
     # Roles as reported: the winners' events stay root/confirmation; everything else that
@@ -129,6 +135,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
     else:
         root, cands = None, []
         miss = completeness.missing[:6]
+        maybe = causes if possible else []
         look = ""
         if suspects:
             nodes = sorted({n for _, n in suspects if n})
@@ -137,17 +144,27 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
         action = ("nothing in the evidence supports a cause; collect the missing evidence"
                   + (f" ({', '.join(miss)})" if miss else "")
                   + " and check for a hang (NCCL RAS, py-spy dumps)" + look)
+        if maybe:
+            action = (f"not proven: {_where(maybe[0])} is possible, but only suggested by its "
+                      "lines; collect the missing evidence" + (f" ({', '.join(miss)})" if miss
+                                                               else "")
+                      + f" and check it ({maybe[0].action})")
         action_code = Action.collect_evidence
-        explanation = "No root cause is supported by the evidence." + (
+        explanation = ("No root cause is proven by the evidence." + (
+            f" Possible: {maybe[0].summary} (its lines suggest it; nothing backs it)."
+            if maybe else "")) + (
             f" Seen: {symptoms[0].count} x {symptoms[0].summary}." if symptoms else "") + (
             " " + " ".join(f[0].upper() + f[1:] + "." for f in findings) if findings else "")
     order_note = None
     if outcome == Outcome.ambiguous:
-        order_note = ("timestamps of the candidates overlap at their resolution; the order "
+        order_note = ("the first candidate is only suggested by its lines; the others are "
+                      "proven but came later" if unproven else
+                      "timestamps of the candidates overlap at their resolution; the order "
                       "between them is unknown")
     return Diagnosis(
         job_id=job.job_id, restart=job.restart, outcome=outcome, root_cause=root,
-        candidates=cands, affected_nodes=affected, symptoms=symptoms, evidence=evidence,
+        candidates=cands, possible=maybe if outcome == Outcome.unattributed else [],
+        affected_nodes=affected, symptoms=symptoms, evidence=evidence,
         completeness=completeness, action=action, action_code=action_code,
         explanation=explanation, order_note=order_note,
         job=JobSummary(cluster=job.cluster, name=job.name, user=job.user,
@@ -155,6 +172,10 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
                        exit_code=job.exit_code, start=iso_utc(job.start),
                        end=iso_utc(job.end), nodes=list(job.nodes)),
         rules_version=rules.version, engine_version=engine_version)
+
+
+def _where(c: Cause) -> str:
+    return c.category.value + (f" on {c.node}" if c.node else "")
 
 
 def _stamp(e: Event) -> Optional[str]:

@@ -14,7 +14,9 @@ Columns (tab-separated, first line the header, `#` lines are comments):
     category      a contract category, or - for none
     action        an Action value, or - for the rule's own
     flags         comma list: weak (program-level or "maybe" evidence), last_resort (a root
-                  only when nothing else in the job is), blame=<machine|workload|
+                  only when nothing else in the job is), suggests (one line of it points at
+                  the cause but does not prove it: the cause stays a candidate until a
+                  second line backs it; without it the row proves), blame=<machine|workload|
                   site_environment|scheduler> (whose fault the row's category is here, where the
                   message says otherwise than the category's own blame), or -
     explained_by  comma list of families (gpu, nvlink, network, storage, workload) whose
@@ -44,7 +46,7 @@ import re2
 BUILTIN_DIR = Path(__file__).parent / "catalogs"
 COLUMNS = ("rule", "match", "role", "category", "action", "flags", "explained_by", "emitter",
            "version", "example", "note")
-FLAGS = {"weak", "last_resort"}
+FLAGS = {"weak", "last_resort", "suggests"}
 FAMILIES = sorted(set(FAMILY.values()))
 
 
@@ -63,6 +65,7 @@ class Row:
     action: Optional[Action]
     weak: bool
     last_resort: bool
+    suggests: bool          # one line of it points at the cause; it needs a second to prove it
     explained_by: tuple[str, ...]
     blame: Optional[Blame]
     emitter: str
@@ -109,7 +112,7 @@ def _row(fields: dict, where: str) -> Row:
     blames = {f for f in flags if f.startswith("blame=")}
     if flags - FLAGS - blames:
         raise CatalogError(f"{where}: unknown flag(s) {sorted(flags - FLAGS - blames)} (known: "
-                           "weak, last_resort, blame=...)")
+                           "weak, last_resort, suggests, blame=...)")
     if len(blames) > 1 or blames and category is None:
         raise CatalogError(f"{where}: one blame= flag, on a row with a category")
     try:
@@ -141,7 +144,7 @@ def _row(fields: dict, where: str) -> Row:
             raise CatalogError(f"{where}: {col} is empty")
     return Row(rule=fields["rule"].strip(), match=pattern, rx=rx, role=role, teardown=teardown,
                category=category, action=action, weak="weak" in flags,
-               last_resort="last_resort" in flags, explained_by=fams, blame=blame,
+               last_resort="last_resort" in flags, suggests="suggests" in flags, explained_by=fams, blame=blame,
                emitter=fields["emitter"].strip(), version=fields["version"].strip(),
                example=fields["example"], note=fields["note"].strip(), where=where,
                closed=closed(pattern))

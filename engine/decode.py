@@ -39,6 +39,7 @@ class Event:
     detail: str = ""
     weak: bool = False              # a program-level or "maybe hardware" signal
     last_resort: bool = False       # a root only when nothing else in the job is one
+    suggests: bool = False          # points at its cause without proving it (rule_spec.proves)
     explained_by: tuple = ()        # families whose trusted incident on the node explains it
     catalog_row: str = ""           # "<catalog>:<line>" of the row that classified it
     blame: Optional[tuple] = None   # (category, Blame) its rule or catalog row declares
@@ -82,11 +83,22 @@ def catalog_digest() -> str:
     return xidcat.catalog_digest()
 
 
+_CAUSED_BY = re.compile(r"\bcaused by previous Xid (\d+)")
+
+
 @decoder
 def xid(ev: Event, tc: TimeContext) -> None:
     code = int(ev.caps.get("xid", "0"))
     v = xidcat.classify(code, ev.caps.get("body", ""))
-    ev.category, ev.role, ev.weak = v.category, v.role, v.weak
+    m = _CAUSED_BY.search(ev.caps.get("body", ""))
+    if code == 45 and m:
+        # The driver tore the channel down after an earlier Xid it names: the line is the
+        # driver's own word that that Xid happened on this GPU, even where its line is gone.
+        first = int(m.group(1))
+        v = xidcat.classify(first, "")
+        v.detail = f"Xid 45 after Xid {first} ({xidcat.meaning(first)})"
+        code = first
+    ev.category, ev.role, ev.weak, ev.suggests = v.category, v.role, v.weak, v.suggests
     ev.tag(*v.tags, f"xid{code}")
     ev.action = v.action
     ev.detail = v.detail
@@ -95,6 +107,10 @@ def xid(ev: Event, tc: TimeContext) -> None:
     pid = ev.caps.get("pid", "").strip("'")
     if pid.isdigit():
         ev.pid = int(pid)
+    if ev.category == Category.application_error:
+        # An Xid that NVIDIA's catalog puts on the program is that program's fault when it names
+        # the process it stopped; with no process (pid 0, '<unknown>') a faulty GPU fits as well.
+        ev.suggests = not ev.pid
 
 
 # libibverbs enum ibv_wc_status, as NCCL prints it (error-signatures NCCL-01).
@@ -115,14 +131,16 @@ def ib_completion(ev: Event, tc: TimeContext) -> None:
     ev.tag(f"ibstatus{st}")
     ev.detail = f"status {st} ({_IB_NAMES.get(st, 'unknown')})"
     if st in _IB_ROOT:
+        # One side's completion status points at the set-up (GPUDirect RDMA, ACS, memory
+        # registration) without proving it.
         ev.category, why = _IB_ROOT[st]
-        ev.role, ev.weak, ev.detail = Role.root, True, why
+        ev.role, ev.weak, ev.suggests, ev.detail = Role.root, True, True, why
         ev.action = Action.fix_network_config
     elif st in _IB_RETRY:
         # The peer's HCA never acknowledged: a dead peer process explains it as well as a bad
         # link, so it names the network only when nothing else in the job is a cause.
         ev.category, ev.role = Category.network_ib, Role.root
-        ev.weak = ev.last_resort = True
+        ev.weak = ev.last_resort = ev.suggests = True
         ev.action = Action.inspect_network_link
         ev.detail = f"status {st} ({_IB_NAMES[st]}): the transport gave up retrying"
     else:
@@ -151,7 +169,7 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
             break
     else:  # no reason, or "DUE to SIGNAL ..." (25.05+)
         ev.category, ev.role = Category.scheduler_cancelled, Role.root
-        ev.last_resort = True
+        ev.last_resort = ev.suggests = True
         ev.tag(Tag.bare_cancel)
     if ev.category == Category.scheduler_node_failure:
         ev.tag(Tag.node_failure_banner)
@@ -191,7 +209,7 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
             # A task's own non-zero exit: the program failed there, but the exit code alone
             # says nothing more; it names the cause only when nothing else in the job does.
             ev.category, ev.role = Category.application_error, Role.root
-            ev.weak = ev.last_resort = True
+            ev.weak = ev.last_resort = ev.suggests = True
             ev.action = Action.fix_application
     elif sig is not None:
         ev.tag(f"signal{sig}")
@@ -216,7 +234,8 @@ _STATES = {
 
 @decoder
 def job_state(ev: Event, tc: TimeContext) -> None:
-    state = (ev.caps.get("state") or "").upper()
+    # `JobState=S` (scontrol) or sacct's State column (`CANCELLED by 41022`).
+    state = (ev.caps.get("state") or ev.caps.get("state2") or "").upper()
     if state.startswith("CANCELLED"):
         ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
         if "BY" in state:

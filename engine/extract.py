@@ -120,7 +120,8 @@ def _event(ln: Line, compiled, caps: dict, tc: TimeContext, row=_UNSET) -> Event
     rule = compiled.rule
     ev = Event(rule=rule, line=ln, caps=caps, category=rule.category, role=rule.role,
                source=ln.source, node=ln.node, rank=ln.rank, action=rule.action,
-               last_resort=rule.last_resort, explained_by=tuple(rule.explained_by),
+               last_resort=rule.last_resort, suggests=rule.proves == "suggests",
+               explained_by=tuple(rule.explained_by),
                blame=(rule.category, rule.blame) if rule.blame else None)
     _with_nccl_host(caps, ln.message)
     if "rank" in caps and caps["rank"].isdigit():
@@ -158,6 +159,7 @@ def _classify(ev: Event, row) -> None:
         ev.action = row.action
     ev.weak = ev.weak or row.weak
     ev.last_resort = row.last_resort
+    ev.suggests = row.suggests
     if row.explained_by:
         ev.explained_by = row.explained_by
     if row.blame:

@@ -35,6 +35,19 @@ def earliest(events: list[Event], skew: float) -> Event:
     return events[0]
 
 
+def proven(inc: "Incident", events: list[Event]) -> bool:
+    """Whether the evidence proves the incident's cause rather than only suggesting it: one of
+    its own root or confirming lines proves (rule_spec.proves), or a confirming line of the same
+    category elsewhere in the job backs it on its node (the scheduler's OUT_OF_MEMORY state
+    under a SIGKILL, its record of who cancelled under a bare cancel banner)."""
+    own = {id(e) for e in inc.events}
+    if any(e.role in (Role.root, Role.confirmation) and not e.suggests for e in inc.events):
+        return True
+    return any(id(e) not in own and e.role == Role.confirmation and not e.suggests
+               and e.category == inc.category and Tag.teardown not in e.tags
+               and (e.node is None or inc.node is None or e.node == inc.node) for e in events)
+
+
 @dataclass
 class Incident:
     node: Optional[str]

@@ -34,6 +34,9 @@ _SYSLOG_TS = (r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?
               r"(?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)(?:\.(?P<sfrac>\d{1,9}))?")
 _IDENT = r" (?P<host>[^\s:\[\]]+) (?P<ident>[^\s:\[\]]+)(?:\[(?P<pid>\d+)\])?: "
 _SYSLOG = re.compile(r"^" + _SYSLOG_TS + _IDENT)
+# rsyslog's and busybox's template without the host: "Mar 27 17:40:36 kernel: NVRM: ...".
+_SYSLOG_NOHOST = re.compile(r"^" + _SYSLOG_TS + r" (?P<ident>[A-Za-z][\w.-]{0,63})"
+                            r"(?:\[(?P<pid>\d+)\])?: ")
 _ISOLOG = re.compile(r"^" + _ISO + _IDENT)
 _DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _SYSLOG_TS + r" (?P<ty>\d{4})\] ")
 _DMESG_MONO = re.compile(r"^\[ *\d+\.\d+\] (?:\[ *[TC]\d+\] )?")
@@ -55,6 +58,9 @@ _PYLOG = re.compile(r"^" + _ISO + r"(?=[ \]|:])")
 # A kernel line as admins paste it, without its time stamp: "kernel: NVRM: ..." or
 # "node-01 kernel: NVRM: ...".
 _BARE_KERNEL = re.compile(r"^(?:(?P<host>[A-Za-z0-9][\w.-]{0,63}) )?kernel: ")
+# A tqdm progress bar frame ("desc:  45%|████▌     | 9/20 [00:01<00:02,  5.3it/s]") that a
+# line was printed right after, with no newline between them: the line starts after it.
+_BAR = re.compile(r"[^|\n]{0,100}?\d{1,3}%\|[^|\n]{0,300}\|[^\[\n]{0,60}\[[^\]\n]{0,160}\]")
 _NCCL_HOST = re.compile(r"^(?:\[[^\]]{1,64}\] )?(?P<host>[A-Za-z0-9][\w.-]{0,253}):(?P<pid>\d+):"
                         r"(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 
@@ -138,15 +144,22 @@ def parse_stamp_text(s: str) -> Optional[Stamp]:
     return None
 
 
+def _after_bars(line: str) -> str:
+    """The line without the progress-bar frames glued before it."""
+    while "%|" in line[:420] and (m := _BAR.match(line)):
+        line = line[m.end():]
+    return line
+
+
 def split_prefix(raw: str, srun: bool = False) -> Parsed:
     """Peel log-path prefixes off one line (already cleaned) and say what they carried."""
-    line = raw
+    line = _after_bars(raw)
     rank = None
     if srun:
         m = _SRUN.match(line)
         if m:
             rank = int(m.group(1))
-            line = line[m.end():]
+            line = _after_bars(line[m.end():])
     p = Parsed(message=line, rank=rank)
     if "kernel: " in line[:72] and (m := _BARE_KERNEL.match(line)):
         p.host, p.ident = m.group("host"), "kernel"
@@ -159,10 +172,10 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             p.nccl_host, p.nccl_dev = m.group("host"), int(m.group("dev"))
         return p
 
-    m = _SYSLOG.match(line) or _ISOLOG.match(line)
+    m = _SYSLOG.match(line) or _ISOLOG.match(line) or _SYSLOG_NOHOST.match(line)
     if m:
         p.stamp = _iso(m) if m.groupdict().get("iso") else _sys(m)
-        p.host, p.ident = m.group("host"), m.group("ident")
+        p.host, p.ident = m.groupdict().get("host"), m.group("ident")
         line = line[m.end():]
         mm = _DMESG_MONO.match(line)
         if mm:
@@ -214,10 +227,11 @@ def split_prefix(raw: str, srun: bool = False) -> Parsed:
             line = line[m.end():]
         elif (m := _WORKER_TAG.match(line)) or (m := _RAY_TAG.match(line)):
             line = line[m.end():]
+        line = _after_bars(line)
     m = _RANKTAG.match(line)
     if m:
         p.rank = int(m.group(1)) if p.rank is None else p.rank
-        line = line[m.end():]
+        line = _after_bars(line[m.end():])
     if p.stamp is None:
         m = _GLOG.match(line)
         if m:

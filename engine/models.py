@@ -309,6 +309,9 @@ class Diagnosis(_Out):
     outcome: Outcome
     root_cause: Optional[Cause]
     candidates: list[Cause]
+    # unattributed: causes the evidence points at without proving them (their lines only
+    # suggest them, nothing backs them); empty otherwise
+    possible: list[Cause] = field(default_factory=list)
     affected_nodes: list[str]
     symptoms: list[Symptom]
     evidence: list[Evidence]

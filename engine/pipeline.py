@@ -25,12 +25,12 @@ from typing import Optional
 from .assemble import assemble
 from .correlate import correlate, recast, repeats_across_processes, version_skew
 from .extract import extract
-from .incident import Incident, earliest
+from .incident import Incident, earliest, precedes, proven
 from .lineparse import TimeContext
 from .models import Bundle, Diagnosis
 from .refine import build_incidents, select
 from .rules import RuleSet
-from .taxonomy import FAMILY, TERMINATORS, Outcome, Role, Source, Tag
+from .taxonomy import FAMILY, TERMINATORS, Category, Outcome, Role, Source, Tag
 from .verdict import progress_findings
 from .window import filter_events
 
@@ -72,7 +72,29 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     if any(Tag.cancel_record in e.tags for e in events):
         for e in events:
             if Tag.bare_cancel in e.tags:
-                e.last_resort = False
+                e.last_resort = e.suggests = False
+    # A task's non-zero exit code says the program failed there, not why; it proves that task
+    # ended the step when srun's teardown follows it in the same output (the other tasks
+    # killed, the step cancelled), as --kill-on-bad-exit does.
+    teardowns = [e for e in events if Tag.bare_cancel in e.tags or "signal9" in e.tags]
+    for e in events:
+        if Tag.exit_code in e.tags and e.suggests and any(
+                t.line.doc == e.line.doc and t.line.offset > e.line.offset for t in teardowns):
+            e.suggests = False
+    # The network as the cause of last resort (a reset connection, no process dying anywhere)
+    # only suggests it where a rank's own fatal error (even one that names no cause alone, as
+    # CUDA's "unknown error") is not known to come after it: the crash explains the peer's reset.
+    # So does a task srun reports dead, or the scheduler's record of an OOM kill.
+    crashes = [e for e in events if Tag.teardown not in e.tags and (
+        Tag.task_exit in e.tags
+        or (e.source == Source.scheduler and e.category == Category.host_oom)
+        or (e.source == Source.stderr and e.category is not None
+            and e.role in (Role.root, Role.confirmation)
+            and FAMILY[e.category] in ("gpu", "nvlink", "workload")))]
+    for e in events:
+        if e.last_resort and e.category is not None and FAMILY[e.category] == "network" \
+                and any(not precedes(e, c, st.clock_skew) for c in crashes):
+            e.suggests = True
     terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS
                    and not e.last_resort]
     terminator = earliest(terminators, st.clock_skew) if terminators else None
@@ -104,10 +126,22 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
         winners = [term]
     else:
         outcome = Outcome.unattributed
+    # A cause whose lines only suggest it is a candidate, never the answer: ambiguous beside
+    # the proven causes of another kind the verdict set aside, else unattributed naming it.
+    possible: list = []
+    unproven = outcome == Outcome.attributed and not proven(winners[0], events)
+    if unproven:
+        alternatives = [i for i in demoted if i.family != winners[0].family
+                        and proven(i, events) and not all(Tag.teardown in e.tags
+                                                          for e in i.events)]
+        if alternatives:
+            winners, outcome = winners + alternatives[:3], Outcome.ambiguous
+        else:
+            possible, winners, outcome = winners, [], Outcome.unattributed
 
     findings, suspects = progress_findings(events, links, job)
     d = assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-                 engine_version, findings, suspects)
+                 engine_version, findings, suspects, possible, unproven)
     # A site rule file that did not load: this diagnosis was made without it.
     d.completeness.notes[:0] = [f"site rules: {p}" for p in getattr(rules, "problems", ())]
     return d

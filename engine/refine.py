@@ -63,8 +63,22 @@ def build_incidents(events: list[Event], skew: float) -> list[Incident]:
                 if inc.tier == 3 and key[0] == e.node and _joins(e, inc):
                     inc.events.append(e)
                     break
+    # A line that names no node (slurmstepd's "Detected 1 oom_kill event in StepId=...") and
+    # another of the same fault that does (srun's "node-01: task 0: Out Of Memory") are one
+    # fault on that node, when only one node is named for it.
+    for key, inc in sorted(incidents.items(), key=lambda kv: str(kv[0])):
+        if inc.node is not None or inc.tier == 3 or not inc.events:
+            continue
+        cat = inc.events[0].category
+        named = [o for o in incidents.values() if o.node is not None and o.tier == inc.tier
+                 and o.events and o.events[0].category == cat]
+        if len(named) == 1:
+            named[0].events.extend(inc.events)
+            inc.events = []
     out = []
     for inc in incidents.values():
+        if not inc.events:
+            continue
         timed = [e for e in inc.events if e.lo is not None or e.hi is not None]
         inc.timed = bool(timed)
         lead = timed or inc.events

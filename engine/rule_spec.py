@@ -75,6 +75,11 @@ class Rule(_Strict):
     # A root only when nothing else in the job is one (a task's bare exit code, a reasonless
     # cancel banner, a network error with no crash anywhere): the cause of last resort.
     last_resort: bool = False
+    # How far one line of it, from a source the rule trusts, goes alone: `proves` names the
+    # cause; `suggests` only points at it, and the cause stays a candidate (ambiguous with the
+    # alternatives, or unattributed naming it as possible) until a second, independent line
+    # (a proving root or a confirmation in the same incident) backs it.
+    proves: Literal["proves", "suggests"] = "proves"
     # Families (gpu, nvlink, network, storage, workload) whose trusted incident on the same node
     # explains this line: a CUDA error on a node whose GPU fell off the bus is that GPU's fault.
     explained_by: list[str] = Field(default_factory=list)

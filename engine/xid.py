@@ -49,6 +49,7 @@ class XidVerdict:
     category: Category
     role: Role
     weak: bool = False               # hardware only "maybe": ranks with program-level causes
+    suggests: bool = False           # alone it points at its cause, needs a second line to prove it
     tags: set[str] = field(default_factory=set)
     action: Action = Action.none
     detail: str = ""                 # catalog wording for the summary / action text
@@ -222,9 +223,11 @@ def classify(code: int, body: str) -> XidVerdict:
         v.action = Action.reset_gpu
         return v
     if comp == "application":
+        # The program's fault only with the job's own error beside it (a rank's exception on
+        # the node): alone, the same Xid comes from a faulty GPU's SM as well.
         v.category = Category.application_error
         v.role = Role.symptom if info.immediate == "IGNORE" else Role.root
-        v.weak = True
+        v.weak = v.suggests = True
         v.action = Action.fix_application
         return v
     if comp == "nvlink":
@@ -260,6 +263,9 @@ def classify(code: int, body: str) -> XidVerdict:
         v.role = Role.context
     elif info.immediate not in _HW_IMMEDIATE:
         v.weak = True            # e.g. a copy-engine exception: RESTART_APP, maybe hardware
+    # NVIDIA's catalog says the hardware "maybe" did it: alone it points at the GPU, and the
+    # driver's recovery action (Xid 154), a lost GPU or a second fault on it backs it.
+    v.suggests = hw == "maybe"
     v.action = Action.reset_gpu if info.immediate == "RESET_GPU" else Action.contact_support
     return v
 

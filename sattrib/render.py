@@ -99,9 +99,11 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
     colour = {"attributed": "red", "ambiguous": "yellow", "unattributed": "blue"}[outcome]
     out.append("Outcome: " + _c(outcome.upper(), fg=colour, bold=True))
     ev = {e["id"]: e for e in d.get("evidence") or []}
-    causes = [d["root_cause"]] if d.get("root_cause") else d.get("candidates") or []
+    causes = ([d["root_cause"]] if d.get("root_cause") else d.get("candidates")
+              or d.get("possible") or [])
     for i, c in enumerate(causes):
-        label = "Root cause" if outcome == "attributed" else f"Candidate {i + 1}"
+        label = ("Root cause" if outcome == "attributed" else f"Candidate {i + 1}"
+                 if outcome == "ambiguous" else "Possible (not proven)")
         where = " ".join(x for x in (c.get("node") and f"on {c['node']}",
                                      c.get("gpu") and f"GPU {c['gpu']}",
                                      c.get("rank") is not None and f"rank {c['rank']}") if x)
@@ -126,7 +128,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
         if more > 0:
             out.append(f"  ... {more} more evidence lines (--json shows all)")
     if outcome == "unattributed":
-        out.append("Root cause: " + _c("none supported by the evidence", bold=True))
+        out.append("Root cause: " + _c("none proven by the evidence", bold=True))
     out.append("Action: " + _c(d["action"], bold=True))
     out += _acted(acted or {})
 

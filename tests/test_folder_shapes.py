@@ -97,3 +97,27 @@ def test_progress_line_is_redrawn_and_erased(monkeypatch):
     quiet(1, 1, 1, 1)
     quiet.clear()
     assert buf.getvalue().endswith("8/8 MB\r\x1b[K")
+
+
+def test_a_kernel_log_of_messages_alone_is_the_kernel_s(tmp_path):
+    # `journalctl -k -o cat` and `dmesg -t` print the message alone; in a file named as a kernel
+    # log that is the kernel's record (contract section 1). A line another program logged keeps
+    # its identifier and stays system output.
+    for name, text in (("journal.log", "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=<unknown>, "
+                                       "GPU has fallen off the bus.\n"),
+                       ("kern.log", "Mar 27 17:40:36 kernel: NVRM: Xid (PCI:0000:3b:00): 79, "
+                                    "pid=0, name=<unknown>, GPU has fallen off the bus.\n")):
+        folder = tmp_path / name / "job"
+        (folder / "gn07").mkdir(parents=True)
+        (folder / "gn07" / name).write_text(text)
+        d, _ = analyze_folder(folder)
+        root = _root(d)
+        assert (root["category"], root["node"], root["trust"]) == ("gpu_hardware", "gn07",
+                                                                  "kernel"), name
+    folder = tmp_path / "logger" / "job"
+    (folder / "gn07").mkdir(parents=True)
+    (folder / "gn07" / "journal.log").write_text(
+        "Mar 27 17:40:36 gn07 myjob[4242]: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, "
+        "name=<unknown>, GPU has fallen off the bus.\n")
+    d, _ = analyze_folder(folder)
+    assert d.root_cause is None

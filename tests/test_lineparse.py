@@ -62,3 +62,15 @@ def test_feb_29_and_garbage_do_not_crash():
     assert TimeContext(REF).epoch(st) is None          # no leap year within a year of 2026
     assert iso_utc(TimeContext(1835000000.0).epoch(st)) == "2028-02-29T10:00:00Z"
     assert split_prefix("\ufffd\ufffd [ 9999999999999999999.1] x").message
+
+
+def test_a_line_glued_after_a_progress_bar_starts_after_the_bar():
+    # tqdm frames end without a newline; whatever is printed next lands on the same line.
+    p = split_prefix("  8%|\u258a         | 4/50 [46:11<8:50:58, 692.57s/it]slurmstepd: error: "
+                     "*** JOB 41994 ON node-01 CANCELLED AT 2022-04-14T14:03:49 ***")
+    assert p.message.startswith("slurmstepd: error: *** JOB 41994")
+    p = split_prefix("12: train:  45%|####5     | 9/20 [00:01<00:02,  5.31it/s][rank12]: "
+                     "RuntimeError: boom", srun=True)
+    assert (p.rank, p.message) == (12, "RuntimeError: boom")
+    # A line that only looks a little like a bar is left alone.
+    assert split_prefix("accuracy 45%| best so far").message == "accuracy 45%| best so far"

@@ -43,7 +43,10 @@ def _samples():
     # from an earlier job: neither is this job's fault.
     s.append((x["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"], "gn-reset", steps(LO, HI, up_at(5, 0))))
     s.append((x["DCGM_FI_DEV_XID_ERRORS"], "gn-reset", steps(LO, HI, lambda t: 79)))
-    for node in ("gn-xid", "gn-ecc", "gn-ib", "gn-reset", "k1", "k2"):
+    # dcgm-exporter's newer Xid series (labelled err_code) alone: born with the Xid, inside
+    # the job's window, while the node's other series run from before the job.
+    s.append((x["xid79"], "gn-born", steps(FAIL, HI, lambda t: 79)))
+    for node in ("gn-xid", "gn-ecc", "gn-ib", "gn-reset", "k1", "k2", "gn-born"):
         s.append((x["DCGM_FI_DEV_GPU_TEMP"], node, steps(LO, HI, lambda t: 64)))
         s.append((x["node_infiniband_state_id"], node, steps(LO, HI, lambda t: 4)))
     # The hang picture: every GPU of gn-h1..3 falls idle together at OTHERS, except gn-h2's
@@ -156,6 +159,33 @@ def test_xid79_seen_only_in_metrics_names_the_gpu(prom, tmp_path):
     again, _ = analyze_folder(folder)
     assert again.root_cause.model_dump() == root.model_dump()
     assert prom_url not in json.dumps([n for n in again.completeness.notes])
+
+
+def _by_hand(prom, node: str) -> list:
+    """metrics.json as an admin collects it: one query for every series of the node, straight
+    from the HTTP API over the job's window, saved with no range and no UI link."""
+    import requests
+    q = f'{{__name__=~"DCGM_FI_.*|node_infiniband_.*", Hostname="{node}"}}'
+    r = requests.post(prom.url + "/api/v1/query_range", timeout=10,
+                      data={"query": q, "start": START, "end": END, "step": 15})
+    r.raise_for_status()
+    return [{"query": q, "result": r.json()["data"]["result"]}]
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("node", ["gn-xid", "gn-born"])
+def test_metrics_collected_by_hand_with_one_query_give_the_same_diagnosis(prom, tmp_path, node):
+    fetched, _, _ = _diagnose_with_metrics(tmp_path / "fetched", _settings(prom.url),
+                                           [node, "gn-ecc2"], {node: QUIET})
+    folder = _folder(tmp_path / "hand", f"{node},gn-ecc2", {node: QUIET})
+    (folder / node / "metrics.json").write_text(json.dumps(_by_hand(prom, node)))
+    d, _ = analyze_folder(folder)
+    assert (d.root_cause.category.value, d.root_cause.node, d.root_cause.gpu) == \
+        (fetched.root_cause.category.value, fetched.root_cause.node, fetched.root_cause.gpu) \
+        == ("gpu_hardware", node, "0000:3b:00.0")
+    # Each series is named by its own __name__, never by the query's text.
+    cited = [e.text for e in d.evidence if e.id in d.root_cause.evidence]
+    assert any(t.startswith("DCGM_FI_DEV_XID_ERRORS{") and "xid=79" in t for t in cited)
 
 
 @pytest.mark.prometheus

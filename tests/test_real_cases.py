@@ -36,6 +36,23 @@ def _short(node):
 
 
 def verdict(want: dict, d) -> str:
+    """The scorer's verdict, with its `accept` list: other answers the evidence honestly
+    supports count as correct."""
+    v = _verdict(want, d)
+    if v != "CORRECT":
+        r = d.root_cause
+        for alt in want.get("accept") or []:
+            if d.outcome.value != alt.get("outcome"):
+                continue
+            if alt.get("family") and (r is None or FAMILY[r.category] != alt["family"]):
+                continue
+            if alt.get("node") and (r is None or _short(r.node) != _short(alt["node"])):
+                continue
+            return "CORRECT"
+    return v
+
+
+def _verdict(want: dict, d) -> str:
     nodes = {_short(n) for n in want.get("culprit_nodes") or []}
     have = d.outcome.value
     if want["outcome"] == "unattributed":

@@ -204,3 +204,4 @@ def test_epilog_survives_disk_full_and_missing_spool(tmp_path, monkeypatch, capl
     assert "epilog snapshot failed" in caplog.text and "No space left on device" in caplog.text
     spool_dir = tmp_path / "no" / "such" / "parent" / "spool"
     assert not [p for p in spool_dir.rglob("*") if p.is_file()]   # no half-written file left
+

@@ -26,8 +26,19 @@ def test_bare_step_cancel_after_a_task_failure_is_teardown(tmp_path, rules):
         "slurmstepd: error: *** STEP 43575862.0 ON node-01 CANCELLED AT 2021-07-14T08:00:36 ***\n"
         "srun: error: node-01: tasks 3,7: Killed\n"
         "srun: error: node-02: tasks 9-10,12-15: Killed\n")}, rules)
+    # The cancel and the kills are srun's teardown of the step after task 5 exited: Slurm's own
+    # sequence says that task's failure ended it.
     assert cause(d) == ("attributed", "application_error", "node-01")
     assert d.root_cause.rank == 5
+
+
+def test_a_lone_exit_code_is_a_possible_program_failure(tmp_path, rules):
+    # With no teardown after it, a task's exit code says the program failed there, not why.
+    d = run(tmp_path, {"logs/job.out": (
+        "srun: error: node-01: task 5: Exited with exit code 1\n"
+        "srun: error: node-02: tasks 8-15: Aborted (core dumped)\n")}, rules)
+    assert cause(d) == ("unattributed", None, None)
+    assert possible(d) == [("application_error", "node-01")]
 
 
 def test_memory_enforcement_then_bare_cancel_is_host_oom(tmp_path, rules):
@@ -40,11 +51,19 @@ def test_memory_enforcement_then_bare_cancel_is_host_oom(tmp_path, rules):
     assert d.action_code.value == "reduce_host_memory"
 
 
-def test_bare_cancel_alone_is_a_cancel_of_last_resort(tmp_path, rules):
+def possible(d):
+    return [(c.category.value, c.node) for c in d.possible]
+
+
+def test_bare_cancel_alone_is_a_possible_cancel_not_a_proven_one(tmp_path, rules):
+    # Slurm prints the same banner for a user's scancel and for srun or the memory enforcement
+    # ending the step: without the scheduler's record of who cancelled it proves nothing.
     d = run(tmp_path, {"logs/slurm-1.out": (
         "step 100 loss 1.25\n"
         "slurmstepd: error: *** JOB 1 ON node-01 CANCELLED AT 2025-10-02T14:03:27 ***\n")}, rules)
-    assert cause(d) == ("attributed", "scheduler_cancelled", None)
+    assert cause(d) == ("unattributed", None, None)
+    assert possible(d) == [("scheduler_cancelled", None)]
+    assert "not proven" in d.action
 
 
 def test_recorded_cancel_makes_later_errors_teardown(tmp_path, rules):
@@ -86,6 +105,14 @@ def test_connection_reset_with_no_crash_is_the_network(tmp_path, rules):
     d = run(tmp_path, {"logs/job.out": RESET}, rules)
     assert d.outcome.value == "attributed" and d.root_cause.category.value == "network_ib"
     assert d.evidence[0].rule == "nccl.socket_error"
+
+
+def test_connection_reset_after_a_rank_crashed_is_no_proof_of_the_network(tmp_path, rules):
+    # The rank's CUDA error names no cause alone, but a dead process explains its peer's reset.
+    d = run(tmp_path, {"logs/job.out": (
+        "36: RuntimeError: CUDA error: unknown error\n" + RESET)}, rules)
+    assert d.outcome.value == "unattributed"
+    assert "network_ib" in [c for c, _ in possible(d)]
 
 
 def test_connection_reset_beside_a_crash_is_the_crash(tmp_path, rules):

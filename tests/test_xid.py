@@ -92,3 +92,21 @@ def test_real_gpud_lines_parse(rules):
     assert n >= 10
     # Fatal link events, ECC and GSP timeouts are roots; non-fatal 145/BER events never are.
     assert roots == {149, 94, 95, 119}
+
+
+def test_xid45_naming_the_xid_before_it_is_that_xid(tmp_path, rules):
+    # The driver's channel teardown names the Xid that caused it; its own line may be gone
+    # (rotated, cut from a paste): the Xid 45 is the driver's word that it happened.
+    from helpers import folder
+    from sattrib.analysis import analyze_folder
+    lines = "".join(f"kernel: NVRM: Xid (PCI:0000:{bus}:00): 45, pid=18189{i}, name=python3, "
+                    f"Ch 0000000{i} caused by previous Xid {x}\n"
+                    for i, (bus, x) in enumerate((("dc", 149), ("ed", 145), ("ba", 145))))
+    d, _ = analyze_folder(folder(tmp_path, {"node-01/journal.log": lines}), rules=rules)
+    assert (d.outcome.value, d.root_cause.category.value, d.root_cause.node) == (
+        "attributed", "nvlink", "node-01")
+    # Without the name of what caused it, a lone channel teardown is no cause.
+    d, _ = analyze_folder(folder(tmp_path / "b", {"node-01/journal.log": (
+        "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=181890, name=python3, Ch 00000001\n")}),
+        rules=rules)
+    assert d.outcome.value == "unattributed"
