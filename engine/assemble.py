@@ -54,7 +54,7 @@ _UNPLACED_NODE = re.compile(r" on \?(?=[\s:,;)]|$)")
 
 
 def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-              engine_version, findings=(), suspects=()) -> Diagnosis:
+              engine_version, findings=(), suspects=(), located=()) -> Diagnosis:
     job = bundle.job
     root_events = {id(e) for inc in winners for e in inc.events}
     win_first = [inc.first for inc in winners]
@@ -73,6 +73,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
     chosen: list[Event] = []
     for inc in winners:
         chosen.extend(inc.events[:MAX_INCIDENT_EVIDENCE])
+    chosen.extend(located)           # where the job stopped (engine/localize.py)
     groups: dict[tuple, list[Event]] = defaultdict(list)
     for e in events:
         if id(e) in root_events or e.role == Role.context:
@@ -213,7 +214,8 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
                "gpu" if kind.startswith("nvidia_smi") else
                "output" if kind == "rank_output" else
                "ib" if kind == "ibstat" else "dcgm" if kind == "dcgm" else
-               "probe" if kind == "probe" else "metrics" if kind == "metrics" else None)
+               "probe" if kind == "probe" else "metrics" if kind == "metrics" else
+               "flight_recorder" if kind.startswith("flight_recorder") else None)
         if src is None:
             continue
         if d.node:
@@ -222,7 +224,7 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
             job_level_output = True
     present, missing = [], []
     for n in nodes:
-        for src in ("kernel", "gpu", "output", "ib", "dcgm", "metrics"):
+        for src in ("kernel", "gpu", "output", "ib", "dcgm", "metrics", "flight_recorder"):
             tag = f"{src}:{n}"
             if src in have[n]:
                 present.append(tag)

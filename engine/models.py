@@ -300,12 +300,23 @@ class JobSummary(_Out):
 
 
 @_out
+class Localization(_Out):
+    """Where the job stopped, even when nothing says why (engine/localize.py): the ranks the
+    others waited for and their nodes, in one line, on evidence ids."""
+    ranks: list[int]
+    nodes: list[str]
+    how: str
+    evidence: list[str]
+
+
+@_out
 class Diagnosis(_Out):
     job_id: Optional[str]
     restart: int = 0
     outcome: Outcome
     root_cause: Optional[Cause]
     candidates: list[Cause]
+    localization: Optional[Localization] = None
     affected_nodes: list[str]
     symptoms: list[Symptom]
     evidence: list[Evidence]
