@@ -20,7 +20,7 @@ large memo index, neither of which an in-process check can stop. A dump that bre
 gives a note and nothing else. What comes out (`facts`) is a few numbers per process group:
 the rank's last scheduled, started and completed collective, the runs of collectives still in
 flight, and the point-to-point operations still waiting on a peer. engine/localize.py reads them
-across ranks; a node can ship them (FACTS_NAME) instead of the pickles.
+across ranks; the node's Epilog ships them (`ship`, FACTS_NAME) instead of the pickles.
 """
 from __future__ import annotations
 
@@ -430,3 +430,38 @@ def read_facts(data: bytes) -> tuple[list, list]:
         else:
             bad += 1
     return out, [f"{bad} dumps without a rank skipped"] if bad else []
+
+
+def ship(globs: list, job, cap: int, deadline: float, notes: list) -> Optional[str]:
+    """What a node's Epilog ships for the job's flight-recorder dumps: the facts file's text,
+    or None when there are none. A dump counts when it matches one of `globs` (%j = job id,
+    %u = user, %N = this node), is a regular file owned by the job's user and was written after the job
+    started; the globbing and the reading run in children with deadlines (a hung mount)."""
+    from .slurm_job import expand_pattern, in_child
+
+    def find(_):
+        import glob
+        since = (job.start or 0) - 60          # written while the job ran (clocks a minute off)
+        found = set()
+        for g in globs:
+            g = expand_pattern(g, glob.escape(job.job_id), user=glob.escape(job.user or ""),
+                               node=glob.escape(job.node or ""))
+            for p in sorted(glob.glob(g))[:4096]:
+                try:
+                    if (os.lstat(p).st_mtime >= since
+                            and rank_of(os.path.basename(p)) is not None):
+                        found.add(p)
+                except OSError:
+                    continue
+        return {"paths": sorted(found)}
+    done, _ = in_child(1, find, deadline)
+    if not done:
+        notes.append("flight-recorder dumps not looked for: their folders did not answer")
+        return None
+    paths = done[0]["paths"]
+    if not paths:
+        return None
+    got = read_all(paths, job.uid, cap, deadline)
+    dumps = [dict(r, source=p) for p, r in zip(paths, got)]
+    notes.extend(f"{p}: {r['note']}" for p, r in zip(paths, got) if r.get("note"))
+    return facts_text(dumps)

@@ -5,7 +5,8 @@ to its budget (`epilog_budget_s`); each probe has its own deadline inside it. A 
 exited 0 returns at once (the installed wrapper does that check before Python even starts).
 It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once.
 Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
-also scans this node's output files and ships their kept lines (collectors/output_lines.py).
+also scans this node's output files and ships their kept lines (collectors/output_lines.py),
+and it ships the facts of the job's flight-recorder dumps (collectors/flight_recorder.py).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def snapshot(env, deadline: float) -> str:
         log.exception("output extracts failed")
         snap["outputs"] = []
         snap["notes"].append("output extracts failed on the node: the controller copies them")
+    _ship_flight_recorder(job, st, deadline - WRITE_RESERVE_S, snap)
     cluster = job.cluster or st.cluster
     try:
         path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
@@ -94,6 +96,23 @@ def _ship_outputs(job, st, deadline: float, notes: list) -> list:
                                       reader_limits(st), st.rules_dirs, deadline)
     notes.extend(more)
     return outputs
+
+
+def _ship_flight_recorder(job, st, deadline: float, snap: dict) -> None:
+    """The facts of the job's flight-recorder dumps on this node, as one file of the snapshot
+    (collectors/flight_recorder.ship reads them as the job's user); never the pickles."""
+    from ..collectors import flight_recorder
+    if not st.flight_recorder_globs:
+        return
+    try:
+        text = flight_recorder.ship(st.flight_recorder_globs, job, st.flight_recorder_cap_mb << 20,
+                                    deadline, snap["notes"])
+    except Exception:     # the rest of the snapshot still goes
+        log.exception("flight-recorder facts failed")
+        snap["notes"].append("flight-recorder dumps not read on the node (see its epilog log)")
+        return
+    if text:
+        snap["files"][flight_recorder.FACTS_NAME] = text
 
 
 def main(env=None) -> int:
