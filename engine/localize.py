@@ -277,11 +277,13 @@ def _stalled(config: dict, views: dict) -> dict:
     total: Counter = Counter()
     for pg, (_, members) in sorted(config.items()):
         vs = [v for r in members if (v := views.get((pg, r)))]
+        # the two members that saw the most complete: any other's best peer is the first
+        top = sorted((v for v in vs if v.completed is not None),
+                     key=lambda p: (-p.completed, p.rank))[:2]
         for v in vs:
-            peers = [p for p in vs if p is not v and p.completed is not None]
-            if not peers or not v.runs:
+            best = next((p for p in top if p is not v), None)
+            if best is None or not v.runs:
                 continue
-            best = max(peers, key=lambda p: (p.completed, -p.rank))
             n = sum(max(0, min(hi, best.completed) - lo + 1) for lo, hi, _, _ in v.runs)
             if n:
                 total[v.rank] += n
