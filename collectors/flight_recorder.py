@@ -454,9 +454,13 @@ def ship(globs: list, job, cap: int, deadline: float, notes: list) -> Optional[s
                 except OSError:
                     continue
         return {"paths": sorted(found)}
-    done, _ = in_child(1, find, deadline)
+    if deadline - time.monotonic() < 1.0:
+        notes.append("flight-recorder dumps not looked for: no time left in the Epilog's budget")
+        return None
+    done, timed_out = in_child(1, find, deadline)
     if not done:
-        notes.append("flight-recorder dumps not looked for: their folders did not answer")
+        notes.append("flight-recorder dumps not looked for: "
+                     + ("their folders did not answer" if timed_out else "the search failed"))
         return None
     paths = done[0]["paths"]
     if not paths:

@@ -468,3 +468,26 @@ def test_dumps_from_before_the_job_are_left_out_with_a_note(tmp_path, rules):
     assert d.localization is None
     assert any(n.startswith("node-02/_dump_12: events before the job's time window ignored")
                for n in d.completeness.notes)
+
+
+def test_a_node_ships_the_facts_of_the_jobs_own_recent_dumps(tmp_path):
+    """collectors/flight_recorder.ship as the node Epilog calls it: the globs' %j and %N, only
+    dumps written after the job started, their facts in one file; no time left, nothing."""
+    from types import SimpleNamespace
+    job = SimpleNamespace(job_id="77", user="alice", node="n1", uid=os.getuid(),
+                          start=time.time() - 600)
+    d = tmp_path / "77" / "n1"
+    d.mkdir(parents=True)
+    for r in (4, 5):
+        (d / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(stuck_at_5().dump(r), protocol=2))
+    os.utime(d / "nccl_trace_rank_4", (time.time() - 3600,) * 2)       # before the job
+    notes: list = []
+    text = flight_recorder.ship([f"{tmp_path}/%j/%N/nccl_trace_rank_*"], job,
+                                flight_recorder.MAX_BYTES, time.monotonic() + 30, notes)
+    dumps, more = flight_recorder.read_facts(text.encode())
+    assert [(x["rank"], x["source"]) for x in dumps] == [(5, str(d / "nccl_trace_rank_5"))]
+    assert notes == more == [] and text.startswith('{"format": "sattrib-flight-recorder/1"')
+    assert flight_recorder.ship(["/nonexistent/*"], job, 1, time.monotonic() + 30, notes) is None
+    assert notes == []
+    assert flight_recorder.ship([f"{tmp_path}/%j/%N/*"], job, 1, time.monotonic(), notes) is None
+    assert notes == ["flight-recorder dumps not looked for: no time left in the Epilog's budget"]
