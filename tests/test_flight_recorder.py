@@ -132,6 +132,24 @@ def test_same_dumps_give_a_byte_identical_diagnosis(tmp_path, rules):
         diagnose(DATA / "gpu_error_1st", rules))
 
 
+def test_lines_in_any_order_and_the_plain_reading_give_the_same_diagnosis(rules):
+    """The reader's lines and documents shuffled, and the reference reading (no prefilter,
+    every rule on every line, one process): the same JSON."""
+    import random
+
+    from sattrib.collectors.evidence_folder import FolderReader
+    from sattrib.engine.pipeline import diagnose as run
+    folder = DATA / "lock_gil_2nd"
+    want = run(FolderReader(rules).read(folder), rules, engine_version="t").model_dump_json()
+    for seed in (1, 2):
+        bundle = FolderReader(rules).read(folder)
+        random.Random(seed).shuffle(bundle.lines)
+        random.Random(seed).shuffle(bundle.documents)
+        assert run(bundle, rules, engine_version="t").model_dump_json() == want
+    plain = FolderReader(rules, reference=True).read(folder)
+    assert run(plain, rules, engine_version="t").model_dump_json() == want
+
+
 def test_the_text_says_where_the_job_stopped(rules, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     d = diagnose(DATA / "lock_gil_1st", rules)
