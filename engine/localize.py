@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .correlate import Links, _resolve_host
+from .correlate import Links
 from .decode import Event
 from .hostlist import compress
 from .models import Localization
@@ -516,11 +516,11 @@ def _progress(events: list[Event], links: Links, suspects: list) -> Optional[Loc
                    f"{'it' if len(ranks) == 1 else 'them'}", evs[:3])
 
 
-def _ras(events: list[Event], links: Links) -> Optional[Located]:
+def _ras(events: list[Event]) -> Optional[Located]:
+    """The nodes NCCL RAS declared dead (the peers correlate placed on a node)."""
     evs = [e for e in events if e.rule.id == "nccl.ras_peer_dead"]
-    known = set(links.host_node.values())
-    nodes = sorted({n for e in evs if (n := links.host_node.get(e.peer or "")
-                                       or _resolve_host(e.peer, known))})
+    nodes = sorted({t.split(":", 1)[1] for e in evs for t in e.tags
+                    if t.startswith("points_at:")})
     if not nodes:
         return None
     return Located([], nodes, f"NCCL RAS declared {compress(nodes)} dead or unresponsive",
@@ -561,7 +561,7 @@ def localize(events: list[Event], links: Links, suspects: list, notes: Counter,
              world: int = 0) -> Optional[Located]:
     """Where the job stopped: the first source that says; the others agree or are named."""
     found = [_flight(events, links, notes), _desync(events, links, world),
-             _progress(events, links, suspects), _ras(events, links), _metrics(events)]
+             _progress(events, links, suspects), _ras(events), _metrics(events)]
     first = next((i for i, f in enumerate(found) if f is not None), None)
     if first is None:
         return None

@@ -509,3 +509,29 @@ def test_a_node_ships_the_facts_of_the_jobs_own_recent_dumps(tmp_path):
     assert notes == []
     assert flight_recorder.ship([f"{tmp_path}/%j/%N/*"], job, 1, time.monotonic(), notes) is None
     assert notes == ["flight-recorder dumps not looked for: no time left in the Epilog's budget"]
+
+
+def test_the_progress_counters_and_nccl_ras_localize_without_dumps(tmp_path, rules):
+    """Each rank's watchdog line says how far it enqueued: the one behind is where the job
+    stopped. NCCL RAS declaring a node's peer dead says which node."""
+    folder = tmp_path / "job"
+    for r in range(4):
+        node = folder / f"h{r // 2 + 1}"
+        node.mkdir(parents=True, exist_ok=True)
+        enq = 99 if r == 2 else 100
+        (node / f"rank-{r}.err").write_text(
+            f"[rank{r}]:[E0309 09:47:15.652118767 ProcessGroupNCCL.cpp:2101] [PG ID 0 PG GUID "
+            f"0(default_pg) Rank {r}] Exception (either an error or timeout) detected by "
+            f"watchdog at work: {enq}, last enqueued NCCL work: {enq}, last completed NCCL "
+            f"work: 98.\n")
+    d = diagnose(folder, rules)
+    assert (d.localization.ranks, d.localization.nodes) == ([2], ["h2"])
+    assert d.localization.how.startswith("the ranks' progress counters show rank 2 (h2) behind")
+    ras = tmp_path / "ras"
+    (ras / "h1").mkdir(parents=True)
+    (ras / "h2").mkdir(parents=True)
+    (ras / "h1" / "rank-0.err").write_text(
+        "h1:2211:2290 [0] NCCL INFO RAS declaring peer h2<28028> as DEAD; rasConnCount 1\n")
+    d = diagnose(ras, rules)
+    assert (d.localization.ranks, d.localization.nodes) == ([], ["h2"])
+    assert d.localization.how == "NCCL RAS declared h2 dead or unresponsive"
