@@ -6,7 +6,8 @@ Backfills the recorded dcgm-exporter / node_exporter series (tests/data/promethe
 node (GPU_UTIL and the Xid gauge for each GPU, the others once per node) into a fresh TSDB with
 promtool, starts Debian's prometheus on a free loopback port, runs the connector as the
 worker does, writes the bundle and analyzes it: prints the query count, the fetch time, the
-bytes saved and the diagnosis. One node's GPU 2 goes idle first (the hang picture).
+bytes saved and where the diagnosis says the job stopped. One node's GPU 2 goes idle first
+(the hang picture).
 """
 import argparse
 import json
@@ -69,14 +70,14 @@ def main() -> int:
     size = sum(p.stat().st_size for p in folder.glob("*/metrics.json"))
     t1 = time.monotonic()
     d, _ = analyze_folder(folder)
-    rc = d.root_cause
+    loc = d.localization
     print(json.dumps({"nodes": a.nodes, "gpus_per_node": a.gpus, "queries": got.queries,
                       "fetch_seconds": round(got.seconds, 2),
                       "budget_s": st.prometheus_budget_s, "notes": got.notes,
                       "metrics_json_bytes": size,
                       "analyze_seconds": round(time.monotonic() - t1, 2),
                       "outcome": d.outcome.value,
-                      "root": rc and [rc.category.value, rc.node, rc.gpu],
+                      "localization": loc and [loc.nodes, loc.how],
                       "expected": [culprit, "0000:5d:00.0"]}, indent=1))
     return 0
 

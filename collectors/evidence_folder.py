@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -20,7 +21,9 @@ from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
 from ..engine.taxonomy import Source
-from . import ibstat, nvidia_smi, output_lines, probes_file, prometheus, slurm_state
+from ..engine.localize import fr_lines
+from . import flight_recorder, ibstat, nvidia_smi, output_lines, probes_file, prometheus, \
+    slurm_state
 from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
 
 def job_id_from_names(paths) -> Optional[str]:
@@ -47,6 +50,9 @@ _KERNEL_NAME = re.compile(r"(journal|dmesg|kern|messages|syslog|kmsg)", re.I)
 _KERNEL_FILE = re.compile(r"^(?:journal\.(?:log|txt)|dmesg.*|kern\.log.*|messages.*|syslog.*)$",
                           re.I)
 _SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
+# A flight-recorder dump as NVIDIA's resiliency library names it (TORCH_FR_DUMP_TEMP_FILE ending
+# in /_dump_): read in a node's folder although its name starts with "_".
+_NVRX_DUMP = re.compile(r"_dump_\d{1,7}$")
 
 
 def _srun_prefixed(head: bytes) -> bool:
@@ -56,6 +62,9 @@ def _srun_prefixed(head: bytes) -> bool:
 
 
 def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
+    fr = None if in_slurm else flight_recorder.sniff(name, head)
+    if fr:                          # a rank's flight-recorder dump, or a node's facts of them
+        return "flight_recorder" + ("" if fr == "dump" else "_facts"), Source.stderr
     text = head.decode("utf-8", "replace")
     if in_slurm:
         # A job record by its first line (a job's name may hold a line `JobId=...`), then by a
@@ -126,7 +135,7 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
                      "first, then rank output by name)")
         entries = sorted(keep, key=lambda e: e.name.removesuffix(".lines"))
     for e in entries:
-        if e.name.startswith((".", "_")):
+        if e.name.startswith((".", "_")) and not (depth and _NVRX_DUMP.match(e.name)):
             continue
         path = f"{rel}/{e.name}" if rel else e.name
         if e.is_symlink():
@@ -208,6 +217,8 @@ class FolderReader:
             first = rel.split("/", 1)[0]
             node = first if ("/" in rel and first not in RESERVED) else lone
             jobs.append((path, rel, node, rel.startswith("slurm/")))
+        done = self._read_dumps(jobs, bundle)
+        jobs = [j for j in jobs if j[1] not in done]
         for part in self._read_all(jobs, tc):
             bundle.documents.extend(part.documents)
             bundle.lines.extend(part.lines)
@@ -230,7 +241,7 @@ class FolderReader:
             if rel.endswith(output_lines.SUFFIX):
                 continue                              # a node's extract of job output
             kind, _ = _classify(Path(rel).name, head, False)
-            if kind == "rank_output":
+            if kind == "rank_output" or kind.startswith("flight_recorder"):
                 continue
             own = True
             if kind == "kernel_log":
@@ -485,6 +496,17 @@ class FolderReader:
                 kind, source = _classify(Path(rel).name, head, in_slurm)
             doc = Document(path=rel, node=node, kind=kind, source=source, size=st.st_size)
             bundle.documents.append(doc)
+            if kind == "flight_recorder":          # one the node folders' pass did not take
+                self._flight_lines(doc, flight_recorder.read_all(
+                    [str(path)], self.owner, flight_recorder.MAX_BYTES, time.monotonic() + 60),
+                    bundle)
+                return
+            if kind == "flight_recorder_facts":
+                dumps, notes = flight_recorder.read_facts(os.pread(
+                    fd, flight_recorder.MAX_FACTS_BYTES + 1, 0))
+                doc.notes.extend(notes)
+                self._flight_lines(doc, dumps, bundle)
+                return
             if kind == "probe":
                 text = os.pread(fd, 1 << 20, 0).decode("utf-8", "replace")
                 for n, ln in probes_file.parse(text).probe_lines:
@@ -522,6 +544,63 @@ class FolderReader:
             self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
         finally:
             os.close(fd)
+
+    def _read_dumps(self, jobs: list, bundle: Bundle) -> set:
+        """The flight-recorder dumps in the node folders, read all at once in child processes
+        before the rest (collectors/flight_recorder.read_all), and their lines; the paths
+        taken. A file named as a dump that cannot be opened (a FIFO, another user's) is a dump
+        not read, not a missing one."""
+        found, failed = [], []
+        for path, rel, node, in_slurm in jobs:
+            name = Path(rel).name
+            if in_slurm or node is None or flight_recorder.rank_of(name) is None:
+                continue
+            try:
+                fd, st = open_regular(str(path), owner=self.owner)
+            except SkipFile as e:
+                if flight_recorder.sniff(name, b"") == "dump":
+                    failed.append((rel, node, 0, {"rank": flight_recorder.rank_of(name),
+                                                  "note": str(e)}))
+                continue
+            try:
+                if flight_recorder.sniff(name, read_head(fd, 4096)) == "dump":
+                    found.append((rel, node, st.st_size, str(path)))
+            finally:
+                os.close(fd)
+        workers = 1 if self.reference else min(os.cpu_count() or 1, 8, len(found) // 16 + 1)
+        got = flight_recorder.read_all([f[3] for f in found], self.owner,
+                                       flight_recorder.MAX_BYTES,
+                                       time.monotonic() + 60 + len(found), workers)
+        for (rel, node, size, _), dump in list(zip(found, got)) + [(f, f[3]) for f in failed]:
+            doc = Document(path=rel, node=node, kind="flight_recorder", source=Source.stderr,
+                           size=size)
+            bundle.documents.append(doc)
+            self._flight_lines(doc, [dump], bundle)
+        return {f[0] for f in found + failed}
+
+    def _flight_lines(self, doc: Document, dumps: list, bundle: Bundle) -> None:
+        """One line for each dump (a rank's own, or those a node shipped the facts of) and each
+        of its process groups (engine.localize.fr_lines); what could not be read, as notes."""
+        for d in dumps:
+            rank = d.get("rank")
+            if not isinstance(rank, int):
+                doc.notes.append(f"{d.get('note') or 'a dump'}: no rank in its name")
+                continue
+            src = f"{d['source']}: " if isinstance(d.get("source"), str) else ""
+            doc.notes.extend(f"{src}{n}" for n in ([d["note"]] if d.get("note") else [])
+                             + [n for n in d.get("notes") or [] if isinstance(n, str)])
+            # When the rank last enqueued work, by its own entries: a dump left over from an
+            # earlier job falls outside this one's window (a copy's file time says nothing).
+            t = d.get("time_ns")
+            ts = (t / 1e9 - self.clock.get(doc.node, 0.0)
+                  if isinstance(t, int) and not isinstance(t, bool) else None)
+            for shown, msg in fr_lines(d):
+                lits = None if self.reference else tuple(sorted(
+                    {r for _, k in self.rules.prefilter.scan(msg.encode())
+                     for r in self.lit_rules[k]}))
+                bundle.lines.append(Line(doc=doc.path, line=None, offset=0, source=doc.source,
+                                         node=doc.node, rank=rank, message=msg, ts=ts,
+                                         shown=(src + shown)[:2000], candidates=lits))
 
     FOUND_CACHE = 4096    # distinct search results remembered for sharing
 

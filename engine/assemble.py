@@ -27,10 +27,11 @@ def _summary(ev: Event, rules) -> str:
 
 def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
               engine_version, findings=(), suspects=(), possible=(),
-              unproven: bool = False) -> Diagnosis:
+              unproven: bool = False, located=()) -> Diagnosis:
     """`possible`: with no winner, the incidents whose lines only suggest their cause, shown
     as causes the evidence points at without proving them; `unproven`: the first candidate of
-    an ambiguous diagnosis is only suggested by its lines."""
+    an ambiguous diagnosis is only suggested by its lines; `located`: the events that say where
+    the job stopped (engine/localize.py)."""
     job = bundle.job
     winners = list(winners) or list(possible)
     maybe: list = []
@@ -51,6 +52,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
     chosen: list[Event] = []
     for inc in winners:
         chosen.extend(inc.events[:MAX_INCIDENT_EVIDENCE])
+    chosen.extend(located)           # where the job stopped (engine/localize.py)
     groups: dict[tuple, list[Event]] = defaultdict(list)
     for e in events:
         if id(e) in root_events or e.role == Role.context:
@@ -208,7 +210,8 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
                "gpu" if kind.startswith("nvidia_smi") else
                "output" if kind == "rank_output" else
                "ib" if kind == "ibstat" else "dcgm" if kind == "dcgm" else
-               "probe" if kind == "probe" else "metrics" if kind == "metrics" else None)
+               "probe" if kind == "probe" else "metrics" if kind == "metrics" else
+               "flight_recorder" if kind.startswith("flight_recorder") else None)
         if src is None:
             continue
         if d.node:
@@ -217,7 +220,7 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
             job_level_output = True
     present, missing = [], []
     for n in nodes:
-        for src in ("kernel", "gpu", "output", "ib", "dcgm", "metrics"):
+        for src in ("kernel", "gpu", "output", "ib", "dcgm", "metrics", "flight_recorder"):
             tag = f"{src}:{n}"
             if src in have[n]:
                 present.append(tag)

@@ -303,6 +303,16 @@ class JobSummary(_Out):
 
 
 @_out
+class Localization(_Out):
+    """Where the job stopped, even when nothing says why (engine/localize.py): the ranks the
+    others waited for and their nodes, in one line, on evidence ids."""
+    ranks: list[int]
+    nodes: list[str]
+    how: str
+    evidence: list[str]
+
+
+@_out
 class Diagnosis(_Out):
     job_id: Optional[str]
     restart: int = 0
@@ -312,6 +322,7 @@ class Diagnosis(_Out):
     # unattributed: causes the evidence points at without proving them (their lines only
     # suggest them, nothing backs them); empty otherwise
     possible: list[Cause] = field(default_factory=list)
+    localization: Optional[Localization] = None
     affected_nodes: list[str]
     symptoms: list[Symptom]
     evidence: list[Evidence]

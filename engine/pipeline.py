@@ -11,6 +11,8 @@ Stages, top to bottom:
                terminator is noise
     verdict    the earliest incident wins; two that cannot be ordered and fit equally make
                the diagnosis ambiguous; nothing supported leaves it unattributed
+    localize   where a hang stopped (flight recorder, desync report, progress counters, NCCL
+               RAS, GPU utilisation), whatever the outcome
 
 Order: within one file, lines are ordered by position. Across files, an event is known to come
 before another only when its time interval ends before the other's begins; untimed lines take
@@ -27,6 +29,7 @@ from .correlate import correlate, recast, repeats_across_processes, version_skew
 from .extract import extract
 from .incident import Incident, earliest, precedes, proven
 from .lineparse import TimeContext
+from .localize import localize, report
 from .models import Bundle, Diagnosis
 from .refine import build_incidents, select
 from .rules import RuleSet
@@ -140,8 +143,11 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
             possible, winners, outcome = winners, [], Outcome.unattributed
 
     findings, suspects = progress_findings(events, links, job)
+    located = localize(events, links, suspects, notes, job.num_tasks or 0)
     d = assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
-                 engine_version, findings, suspects, possible, unproven)
+                 engine_version, findings, suspects, possible, unproven,
+                 located.events if located else ())
+    report(d, located)
     # A site rule file that did not load: this diagnosis was made without it.
     d.completeness.notes[:0] = [f"site rules: {p}" for p in getattr(rules, "problems", ())]
     return d

@@ -108,12 +108,6 @@ def _action(inc: Incident, links: Links) -> tuple[str, Action]:
         r = f"rank {inc.rank(links)}" if inc.rank(links) is not None else node
         return (f"reduce GPU memory use on {r} (batch size, sequence length, activation "
                 "checkpointing) or use more GPUs", Action.reduce_gpu_memory)
-    if cat == Category.application_error and all(e.rule.action == Action.inspect_node
-                                                 for e in roots):
-        # Where the job stopped, not why (the hang picture): look before taking it out.
-        return (f"inspect {node}{g} before taking it out of service: the job stopped there "
-                "first and the others waited for it; read its kernel log and the rank's stack "
-                "(py-spy dump), and run DCGM diagnostics (dcgmi diag -r 3)", Action.inspect_node)
     if cat == Category.application_error:
         r = (f"rank {inc.rank(links)} on {node}" if inc.rank(links) is not None
              else inc.node or "the job")

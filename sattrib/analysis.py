@@ -121,7 +121,8 @@ def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
 _KIND_LABELS = (("rank_output", "job output"), ("kernel_log", "kernel log"),
                 ("journal_json", "kernel log"), ("nvidia_smi", "nvidia-smi"), ("dcgm", "DCGM"),
                 ("ibstat", "ibstat"), ("metrics", "metrics"), ("probe", "probe"),
-                ("slurm", "scheduler"), ("sacct", "scheduler"))
+                ("slurm", "scheduler"), ("sacct", "scheduler"),
+                ("flight_recorder", "flight recorder"))
 
 
 def reading_summary(bundle) -> str:

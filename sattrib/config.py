@@ -77,6 +77,10 @@ class Settings:
         "BOOT_FAIL", "DEADLINE"])
     extra_output_globs: list[str] = Field(default_factory=list)
     output_cap_mb: int = Field(256, ge=1)
+    # PyTorch NCCL flight-recorder dumps the node Epilog reads (as the job's user) and ships
+    # the facts of; %j job id, %u user, %N this node. [] turns it off.
+    flight_recorder_globs: list[str] = Field(default_factory=lambda: ["/tmp/nccl_trace_rank_*"])
+    flight_recorder_cap_mb: int = Field(64, ge=1)
     keep_bundles_days: int = Field(30, ge=0)
     worker_deadline_s: float = Field(300.0, gt=0)  # the whole EpilogSlurmctld worker run
     worker_concurrency: int = Field(2, ge=1)       # controller workers at once (the queue)

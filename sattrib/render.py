@@ -63,6 +63,24 @@ def _acted(acted: dict) -> list[str]:
     return out
 
 
+def _stopped(loc: dict | None, ev: dict) -> list[str]:
+    """Where the job stopped (the diagnosis' localization), with the lines that show it."""
+    if not loc:
+        return []
+    ranks = loc.get("ranks") or []
+    who = " ".join(x for x in (
+        ranks and f"rank{'s' if len(ranks) > 1 else ''} " + ", ".join(map(str, ranks[:16]))
+        + (f" (+{len(ranks) - 16})" if len(ranks) > 16 else ""),
+        loc.get("nodes") and f"on {compress(loc['nodes'])}") if x)
+    out = ["Stopped at: " + _c(who or "?", bold=True), f"  {loc['how']}"]
+    for eid in (loc.get("evidence") or [])[:MAX_EVIDENCE_LINES]:
+        e = ev.get(eid)
+        if e:
+            text = f": {_short(e['text'])}" if "text" in e else ""
+            out.append(f"  {_c(eid, dim=True)} {_where(e)}{text}")
+    return out
+
+
 def render(d: dict, cluster: str | None = None, run: tuple | None = None,
            acted: dict | None = None) -> str:
     """`cluster`: the cluster it is stored under; `run`: (n, of) for a job that ran several
@@ -129,6 +147,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
             out.append(f"  ... {more} more evidence lines (--json shows all)")
     if outcome == "unattributed":
         out.append("Root cause: " + _c("none proven by the evidence", bold=True))
+    out += _stopped(d.get("localization"), ev)
     out.append("Action: " + _c(d["action"], bold=True))
     out += _acted(acted or {})
 

@@ -8,7 +8,8 @@ start, when Slurm does not pass it, comes from slurmd's spool on this node). A s
 the Epilog for the same job run does nothing (spool.claim_run).
 Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
 also scans this node's output files and ships their kept lines (collectors/output_lines.py),
-reading them as the job's user, never as root.
+reading them as the job's user, never as root, and it ships the facts of the job's
+flight-recorder dumps (collectors/flight_recorder.py).
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def snapshot(env, deadline: float) -> str:
         log.exception("output extracts failed")
         snap["outputs"] = []
         snap["notes"].append("output extracts failed on the node: the controller copies them")
+    _ship_flight_recorder(job, st, deadline - WRITE_RESERVE_S, snap, _gid(env))
     try:
         path = spool.write_snapshot(st.spool_dir, cluster, job.job_id, job.restart, node, snap,
                                     deadline, munge=st.spool_auth == "munge",
@@ -121,6 +123,24 @@ def _ship_outputs(job, st, deadline: float, notes: list, gid: Optional[int] = No
                                       reader_limits(st), st.rules_dirs, deadline, gid)
     notes.extend(more)
     return outputs
+
+
+def _ship_flight_recorder(job, st, deadline: float, snap: dict,
+                          gid: Optional[int] = None) -> None:
+    """The facts of the job's flight-recorder dumps on this node, as one file of the snapshot
+    (collectors/flight_recorder.ship reads them as the job's user); never the pickles."""
+    from ..collectors import flight_recorder
+    if not st.flight_recorder_globs:
+        return
+    try:
+        text = flight_recorder.ship(st.flight_recorder_globs, job, st.flight_recorder_cap_mb << 20,
+                                    deadline, snap["notes"], gid)
+    except Exception:     # the rest of the snapshot still goes
+        log.exception("flight-recorder facts failed")
+        snap["notes"].append("flight-recorder dumps not read on the node (see its epilog log)")
+        return
+    if text:
+        snap["files"][flight_recorder.FACTS_NAME] = text
 
 
 def main(env=None) -> int:

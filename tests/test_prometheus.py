@@ -205,16 +205,19 @@ def test_ib_link_downed_on_one_node(prom, tmp_path):
 
 
 @pytest.mark.prometheus
-def test_hang_the_gpu_whose_utilisation_fell_first_is_the_culprit(prom, tmp_path):
+def test_hang_the_gpu_whose_utilisation_fell_first_is_where_the_job_stopped(prom, tmp_path):
+    """The hang picture says where, not why: the diagnosis stays unattributed (no cause, no
+    "your code") and its localization names the node, on the metric's evidence line."""
     nodes = ["gn-h1", "gn-h2", "gn-h3"]
     d, _, folder = _diagnose_with_metrics(tmp_path, _settings(prom.url), nodes,
                                           {n: QUIET for n in nodes})
-    root = d.root_cause
-    assert d.outcome.value == "attributed", d.model_dump(mode="json")
-    assert (root.category.value, root.node, root.gpu) == ("application_error", "gn-h2",
-                                                         "0000:9a:00.0")
-    assert "inspect" in d.action and "drain" not in d.action
-    ev = [e for e in d.evidence if e.id in root.evidence][0]
+    assert d.outcome.value == "unattributed" and d.root_cause is None, d.model_dump(mode="json")
+    loc = d.localization
+    assert (loc.ranks, loc.nodes) == ([], ["gn-h2"])
+    assert "GPU 0000:9a:00.0 on gn-h2 went idle 300 s before the other 11 GPUs" in loc.how
+    assert "check that node" in d.explanation and "gn-h2" in d.action
+    assert d.action_code.value == "inspect_node" and "drain" not in d.action
+    ev = [e for e in d.evidence if e.id in loc.evidence][0]
     assert ev.rule == "metrics.gpu_util_fell_first" and ev.trust.value == "node_telemetry"
     assert "lead=300s others=11" in ev.text and "graph=" in ev.text
     assert ev.path == "gn-h2/metrics.json"
@@ -224,13 +227,15 @@ def test_hang_the_gpu_whose_utilisation_fell_first_is_the_culprit(prom, tmp_path
 
 
 @pytest.mark.prometheus
-def test_hang_two_gpus_fell_first_within_the_step_is_ambiguous(prom, tmp_path):
+def test_hang_two_gpus_fell_first_within_the_step_are_both_named(prom, tmp_path):
     nodes = ["gn-m1", "gn-m2", "gn-m3"]
     d, _, _ = _diagnose_with_metrics(tmp_path, _settings(prom.url), nodes,
                                      {n: QUIET for n in nodes})
-    assert d.outcome.value == "ambiguous", d.model_dump(mode="json")
-    assert {(c.node, c.gpu) for c in d.candidates} == {("gn-m1", "0000:5d:00.0"),
-                                                      ("gn-m3", "0000:3b:00.0")}
+    assert d.outcome.value == "unattributed", d.model_dump(mode="json")
+    assert d.localization.nodes == ["gn-m1", "gn-m3"]
+    assert "within one sampling step of each other" in d.localization.how
+    assert {(e.node, e.gpu) for e in d.evidence if e.id in d.localization.evidence} == {
+        ("gn-m1", "0000:5d:00.0"), ("gn-m3", "0000:3b:00.0")}
 
 
 def test_hang_needs_the_others_to_fall_together():

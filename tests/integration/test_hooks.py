@@ -1163,3 +1163,90 @@ def test_per_node_output_is_shipped_as_extracts(slurm_cluster_factory, install, 
     assert json.loads(want) == stored
     print(f"\nper-node extracts: {[(p.name, p.stat().st_size) for p in (bundle / 'logs').iterdir()]}"
           f" for {[(p.name, p.stat().st_size) for p in sorted(out.glob('*.out'))]}")
+
+
+# ---------------------------------------------------------------------------
+# flight-recorder dumps: read on the node as the job's user, shipped as facts
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+@timeout(180)
+def test_flight_recorder_dumps_are_shipped_as_facts_and_say_where_the_job_stopped(
+        cluster, install, nodes, work, job_user):
+    """A hung job of 8 ranks (4 nodes x 2) whose rank 5 never scheduled the all_reduce the
+    others wait in: each rank dumps its flight recorder into its node's folder, each node's
+    Epilog reads the dumps there (only the job user's own regular files) and ships their facts,
+    never the pickles; the stored diagnosis names rank 5 on node03."""
+    import pickle
+
+    from fr_dumps import Job
+    nodes.write_journals()
+    base = work / f"fr-{uuid.uuid4().hex[:8]}"
+    src, dumps = base / "src", base / "dumps" / TEST_USER
+    src.mkdir(parents=True)
+    job = Job(8, per_node=2, only_active=False, t0=time.time_ns())
+    job.at("0", range(8), 300, 299)
+    job.at("0", [5], 299, 299)
+    for r in range(8):
+        (src / f"rank_{r}").write_bytes(pickle.dumps(job.dump(r), protocol=2))
+    for n in NODES:
+        (dumps / n).mkdir(parents=True)
+        os.chown(dumps / n, job_user.pw_uid, job_user.pw_gid)
+    base.chmod(0o755)
+    # In node02's folder: a dump owned by root, a link to one, and one of a job two days ago.
+    planted = dumps / "node02"
+    (planted / "nccl_trace_rank_12").write_bytes((src / "rank_3").read_bytes())
+    (planted / "nccl_trace_rank_13").symlink_to(src / "rank_3")
+    old = Job(16, only_active=False, t0=time.time_ns() - 2 * 86400 * 10**9)
+    old.at("0", range(16), 10, 9)
+    stale = planted / "nccl_trace_rank_14"
+    stale.write_bytes(pickle.dumps(old.dump(14), protocol=2))
+    os.chown(stale, job_user.pw_uid, job_user.pw_gid)
+    os.utime(stale, (time.time() - 2 * 86400,) * 2)
+    install.configure(flight_recorder_globs=[f"{base}/dumps/%u/%N/nccl_trace_rank_*"])
+    udir = Path(tempfile.mkdtemp(prefix="sattrib-hooktest-fr-"))
+    try:
+        udir.chmod(0o755)
+        os.chown(udir, job_user.pw_uid, job_user.pw_gid)
+        q = shlex.quote
+        rank = (f"cp {q(str(src))}/rank_$SLURM_PROCID {q(str(dumps))}/$SLURMD_NODENAME/"
+                "nccl_trace_rank_$SLURM_PROCID; echo \"[rank$SLURM_PROCID]:[E$(date -u +%m%d\\ "
+                "%H:%M:%S.%6N) $$ ProcessGroupNCCL.cpp:682] [Rank $SLURM_PROCID] Watchdog caught"
+                " collective operation timeout: WorkNCCL(SeqNum=300, OpType=ALLREDUCE, "
+                "Timeout(ms)=600000) ran for 600133 milliseconds before timing out.\" >&2; exit 1")
+        script = (f"#!/bin/sh\nsrun --kill-on-bad-exit=0 sh -c {q(rank)}\n"
+                  f"date +%s.%N > {q(str(work))}/end.$SLURM_JOB_ID\nexit 1\n")
+        r = subprocess.run(
+            ["runuser", "-u", TEST_USER, "--", "sbatch", "--parsable", "--nodes=4",
+             "--ntasks-per-node=2", f"--chdir={udir}", f"--output={udir}/out-%j.txt"],
+            input=script, env=cluster.env, capture_output=True, text=True, timeout=60,
+            cwd=str(udir))
+        assert r.returncode == 0, r.stderr
+        jid = int(r.stdout.strip().split(";")[0])
+        cluster.wait_job(jid, {"FAILED"}, timeout=60)
+        diag, t_stored = wait_diagnosis(cluster, install, jid)
+    finally:
+        install.configure()
+        shutil.rmtree(udir, ignore_errors=True)
+    loc = diag["localization"]
+    assert (loc["ranks"], loc["nodes"]) == ([5], ["node03"]), loc
+    assert loc["how"].startswith("the job stopped at rank 5 (node03): 7 ranks waited for it in "
+                                 "all_reduce #300 of default_pg; it never scheduled it"), loc["how"]
+    assert diag["outcome"] == "unattributed" and diag["action_code"] == "inspect_node"
+    bundle = Path(db_rows(install, jid)[0]["bundle"])
+    assert sorted(p.parent.name for p in bundle.glob("*/flight-recorder.json")) == NODES
+    assert not list(bundle.rglob("nccl_trace_rank_*")), "a pickle was copied"
+    shipped = json.loads((bundle / "node02" / "flight-recorder.json").read_text())
+    read = sorted(d["rank"] for d in shipped["dumps"] if d.get("groups"))
+    notes = "\n".join(diag["completeness"]["notes"])
+    assert f"{planted}/nccl_trace_rank_12: is owned by uid 0, not the job's user" in notes
+    assert f"{planted}/nccl_trace_rank_13: is a symbolic link (not followed)" in notes
+    # The stale dump: left on the node by its file time where the Epilog knows the job's
+    # start (Slurm 23.02 on); else its own entries say it was written before this job.
+    assert read in ([2, 3], [2, 3, 14]), read
+    if 14 in read:
+        assert "node02/flight-recorder.json: events before the job's time window ignored" in notes
+    assert "flight-recorder.json" in install.log("epilog.log")
+    print(f"\nflight recorder: job {jid} localized to {loc['nodes']} rank {loc['ranks']}, "
+          f"stored {t_stored - job_end(work, jid):.2f}s after the job's end")
