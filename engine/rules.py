@@ -22,7 +22,7 @@ from . import decode, kmsg, public
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
 from .matcher import PatternError, Prefilter, compile_rule_pattern
-from .taxonomy import Source
+from .taxonomy import FAMILY, Source
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
 
@@ -152,7 +152,18 @@ def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRu
     problem = public.check(rule)
     if problem:
         raise RuleError(f"{rel}: {problem}")
+    bad = sorted(set(rule.explained_by) - set(FAMILY.values()))
+    if bad:
+        raise RuleError(f"{rel}: explained_by: unknown family {', '.join(map(repr, bad))} "
+                        f"(known: {', '.join(sorted(set(FAMILY.values())))})")
     return CompiledRule(rule, rx, lits, caseless, rel)
+
+
+def unknown_recasts(rules, known: set) -> list[tuple[str, str]]:
+    """(rule id, problem) for each `recasts.rules` id that names no loaded rule: a relation that
+    would silently never hold."""
+    return [(c.rule.id, f"{c.path}: recasts.rules: {rid!r} is not a loaded rule")
+            for c in rules if c.rule.recasts for rid in c.rule.recasts.rules if rid not in known]
 
 
 def rule_files(root: Path) -> list[Path]:
@@ -171,6 +182,7 @@ def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
                       extra_dirs, builtin)
     extra_dirs = [Path(d) for d in extra_dirs]
     compiled: dict[str, CompiledRule] = {}
+    builtin_ids: set = set()
     problems: list[str] = []
     digest = hashlib.sha256()
     roots = ([BUILTIN_DIR] if builtin else []) + extra_dirs
@@ -189,6 +201,8 @@ def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
                 problems.append(f"{root}/{err} (rule skipped)")
                 continue
             compiled[c.rule.id] = c
+            if root == BUILTIN_DIR:
+                builtin_ids.add(c.rule.id)
             digest.update(c.path.encode() + b"\0" + raw + b"\0")
     digest.update(decode.catalog_digest().encode())
     try:
@@ -207,6 +221,11 @@ def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
                         f"({len(rows)} catalog rows skipped)")
         del catalogs[rule]
     digest.update(cat_digest.encode())
+    for rid, problem in unknown_recasts(compiled.values(), set(compiled)):
+        if not lenient_site or rid in builtin_ids:
+            raise RuleError(problem)
+        problems.append(f"{problem} (rule skipped)")
+        del compiled[rid]
     return RuleSet(list(compiled.values()), "sha256:" + digest.hexdigest()[:16], catalogs,
                    problems)
 
@@ -280,6 +299,7 @@ def check_dir(root: Path) -> tuple[int, list[str]]:
     errors: list[str] = []
     n = 0
     seen: dict[str, str] = {}
+    loaded: list[CompiledRule] = []
     for path in rule_files(root):
         n += 1
         try:
@@ -290,5 +310,10 @@ def check_dir(root: Path) -> tuple[int, list[str]]:
         if c.rule.id in seen:
             errors.append(f"{c.path}: duplicate id {c.rule.id} (also {seen[c.rule.id]})")
         seen[c.rule.id] = c.path
+        loaded.append(c)
         errors.extend(check_examples(c))
+    # A rule's id is its path: the built-in ids without loading them.
+    builtin = {p.relative_to(BUILTIN_DIR).with_suffix("").as_posix().replace("/", ".")
+               for p in rule_files(BUILTIN_DIR)}
+    errors.extend(p for _, p in unknown_recasts(loaded, set(seen) | builtin))
     return n, errors

@@ -70,6 +70,10 @@ def test_site_rule_loads_and_changes_version(tmp_path):
     (("public: {n: number}", "public: {}"), "explain: n is the user's text"),
     (("public: {n: number}", "public: {n: words, m: name}"), "no capture 'm'"),
     (("public: {n: number}", "public: {n: prose}"), "public.n"),
+    (("role: root", "role: root\nexplained_by: [gpus]"), "explained_by: unknown family 'gpus'"),
+    (("role: root", "role: root\nrecasts: {rules: [python.exceptoin], why: a typo}"),
+     "recasts.rules: 'python.exceptoin' is not a loaded rule"),
+    (("role: root", "role: root\nproves: maybe"), "proves"),
 ])
 def test_bad_rules_name_the_file(tmp_path, change, needle):
     _write(tmp_path, "site/thing.yaml", GOOD.replace(*change))
@@ -117,3 +121,10 @@ def test_the_site_rules_readme_examples_load_and_pass(tmp_path):
     rs = load_rules([tmp_path])
     assert check_catalog_examples(rs, f"{tmp_path}/") == []
     assert any(r.where.startswith(f"{tmp_path}/") for r in rs.by_id["nccl.socket_error"].rows)
+
+
+def test_rules_test_refuses_a_relation_to_no_rule(tmp_path):
+    _write(tmp_path, "site/thing.yaml", GOOD.replace(
+        "role: root", "role: root\nrecasts: {rules: [python.exception, site.nosuch], why: x}"))
+    n, errors = check_dir(tmp_path)
+    assert n == 1 and errors == ["site/thing.yaml: recasts.rules: 'site.nosuch' is not a loaded rule"]
