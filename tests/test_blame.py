@@ -148,12 +148,12 @@ def test_user_oom_kills_never_escalate_a_node_and_its_driver_does(mixed_db, rule
 
 
 def test_the_node_page_and_hotspots_read_the_stored_column(mixed_db, tmp_path):
-    _, body = get(mixed_db, "/node/node-01.json")
-    roles = {j["job_id"]: j["role"] for j in json.loads(body)["jobs"]}
+    _, body = get(mixed_db, "/diagnoses/node_history.json?_shape=array&node=node-01")
+    roles = {j["job_id"]: j["role"] for j in json.loads(body)}
     assert roles == {"502": "cause", "501": "cause (unconfirmed)"}
-    _, body = get(mixed_db, "/node/cpu-gpu01.json")
-    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause (workload)"}
-    _, html = get(mixed_db, "/node/node-01")
+    _, body = get(mixed_db, "/diagnoses/node_history.json?_shape=array&node=cpu-gpu01")
+    assert {j["role"] for j in json.loads(body)} == {"cause (workload)"}
+    _, html = get(mixed_db, "/diagnoses/node_history?node=node-01")
     assert "1 infrastructure fault on this node" in html and "job output only" in html
     # The pages follow the stored answer, whatever the category: mark the OOMs as the
     # machine's and they count.
@@ -164,8 +164,8 @@ def test_the_node_page_and_hotspots_read_the_stored_column(mixed_db, tmp_path):
     dst.execute("update diagnoses set machine_fault = 1 where category = 'host_oom'")
     dst.commit()
     dst.close()
-    _, body = get(path, "/node/cpu-gpu01.json")
-    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause"}
+    _, body = get(path, "/diagnoses/node_history.json?_shape=array&node=cpu-gpu01")
+    assert {j["role"] for j in json.loads(body)} == {"cause"}
     _, body = get(path, "/diagnoses/node_hotspots.json?_shape=array&days=3650")
     assert {(r["node"], r["failures"]) for r in json.loads(body)} == \
         {("node-01", 1), ("cpu-gpu01", 3)}

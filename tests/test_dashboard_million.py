@@ -123,7 +123,7 @@ def test_every_page_answers_on_a_million_diagnoses(million, monkeypatch):
         visit("recent_failures_node", "/diagnoses/recent_failures?node=gpu-0001")
         rows = page.locator("table.rows-and-columns tbody tr")
         assert rows.count() >= 100
-        body = visit("node_page", "/node/gpu-0001")
+        body = visit("node_page", "/diagnoses/node_history?node=gpu-0001")
         assert "/diagnosis/big/" in page.content()
         body = visit("search", "/diagnoses/recent_failures?q=nvlink")
         assert page.locator("table.rows-and-columns tbody tr").count() >= 1

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -34,10 +35,13 @@ TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
               f"/diagnoses/evidence_fts{t}.json" for t in (
                   "", "_data", "_idx", "_docsize", "_config")]
 OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
-              "/node/node-02", "/diagnosis/test/1001/0.json", "/node/node-02.json",
-              "/node/node-01.json", "/-/summary.json", "/job.json?id=1001", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
+              "/diagnoses/node_history?node=node-02", "/diagnosis/test/1001/0.json",
+              "/diagnoses/node_history.json?node=node-02",
+              "/diagnoses/node_history.csv?node=node-01", "/-/summary.json", "/job.json?id=1001",
+              "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
               "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json",
-              "/gpu/1650000000032", "/gpu/1650000000032.json",
+              "/diagnoses/gpu_history?gpu=1650000000032",
+              "/diagnoses/gpu_history.json?gpu=1650000000032",
               "/diagnoses/failed_probes.json", "/diagnoses/job_nodes.json"] + [
               f"/diagnoses/{q}.json?days=3650" for q in (
                   "recent_failures", "failures_by_category", "node_hotspots", "gpu_hotspots",
@@ -404,8 +408,9 @@ def secret_db(tmp_path_factory):
 
 async def _every_page(ds) -> list[str]:
     """Every page the dashboard serves for this database: Datasette's own, each table and view
-    and canned query (HTML, JSON, CSV; a query's parameters filled in), and the plugin's pages
-    for each diagnosis, job, node and GPU it holds. Fails when a plugin route got no page."""
+    and canned query (HTML, JSON, CSV; a query's parameters filled in, a query about one node or
+    GPU (`:_subject_node`) once for each the database names), and the plugin's pages for each
+    diagnosis, job, node and GPU it holds. Fails when a plugin route got no page."""
     from datasette.plugins import pm
     from datasette.utils import tilde_encode
     db = ds.get_database("diagnoses")
@@ -414,16 +419,23 @@ async def _every_page(ds) -> list[str]:
                                  "threads", "actor") for ext in ("", ".json")]
     names = await db.table_names() + await db.view_names()
     queries = await ds.get_canned_queries("diagnoses", None)
+    rows = (await db.execute("select cluster, job_id, restart, culprit_node, gpu_serial, "
+                             "gpu_uuid from diagnoses")).rows
+    nodes = [r[0] for r in (await db.execute("select distinct node from job_nodes")).rows]
+    named = {"node": nodes, "gpu": sorted({r[k] for r in rows for k in ("gpu_serial", "gpu_uuid")
+                                           if r[k]})}
     filled = {"days": "3650", "q": "KeyError"}
     for name in names:
         pages += [f"/diagnoses/{tilde_encode(name)}{ext}" for ext in ("", ".json", ".csv")]
     for name, q in queries.items():
-        args = "&".join(f"{p}={filled.get(p, '')}" for p in sorted(set(
-            re.findall(r":(\w+)", q["sql"]))))
-        pages += [f"/diagnoses/{name}{ext}?{args}" for ext in ("", ".json", ".csv")]
-    rows = (await db.execute("select cluster, job_id, restart, culprit_node, gpu_serial "
-                             "from diagnoses")).rows
-    nodes = [r[0] for r in (await db.execute("select distinct node from job_nodes")).rows]
+        params = set(q.get("params") or []) | set(re.findall(r":(?!_)(\w+)", q["sql"]))
+        args = {p: filled.get(p, "") for p in sorted(params)}
+        about = set(re.findall(r":_subject_(\w+)", q["sql"]))      # a page about one node or GPU
+        assert about <= params and len(about) <= 1, name
+        for value in named[min(about)] if about else [None]:
+            args.update(dict.fromkeys(about, value))
+            pages += [f"/diagnoses/{name}{ext}?{urlencode(args)}" for ext in ("", ".json", ".csv")]
+        assert any(p.startswith(f"/diagnoses/{name}?") for p in pages), f"no page for {name}"
     for r in rows:
         pages += [f"/diagnosis/{r['cluster']}/{r['job_id']}/{r['restart']}{ext}"
                   for ext in ("", ".json")]
