@@ -358,10 +358,11 @@ def busy_db(db, tmp_path_factory):
     _add(con, "test/9002/0", "2999-01-01T00:00:00Z", outcome="attributed",
          category="application_error", family="workload", culprit_node="gn02",
          action_code="fix_application", blame="workload", trust="job_output", machine_fault=0,
-         out_of_service=0)
+         fault="workload", gpu_fault=0, out_of_service=0)
     _add(con, "test/9003/0", "2999-01-01T00:00:00Z", outcome="attributed",
          category="gpu_hardware", family="gpu", culprit_node="x;reboot", action_code="drain_node",
-         blame="machine", trust="kernel", machine_fault=1, out_of_service=1)
+         blame="machine", trust="kernel", machine_fault=1, fault="infrastructure", gpu_fault=1,
+         out_of_service=1)
     con.commit()
     con.close()
     return path

@@ -380,11 +380,13 @@ def busy_db(db, tmp_path_factory):
             with recursive c(i) as (select 0 union all select i + 1 from c where i < 39999)
             insert into diagnoses (id, cluster, job_id, restart, outcome, category, family,
                                    culprit_node, culprit_gpu, gpu_serial, summary, created_at,
-                                   updated_at, nodes, blame, machine_fault, out_of_service)
+                                   updated_at, nodes, blame, machine_fault, fault,
+                                   gpu_fault, out_of_service)
             select 'busy/' || i || '/0', 'busy', cast(500000 + i as text), 0, 'attributed',
                    'gpu_hardware', 'gpu', 'busy-01', '0000:3b:00.0', 'BUSY-1', 'Xid 79',
                    strftime('%Y-%m-%dT%H:%M:%SZ', 'now', printf('-%d seconds', i)),
-                   strftime('%Y-%m-%dT%H:%M:%SZ', 'now'), '["busy-01"]', 'machine', 1, 1
+                   strftime('%Y-%m-%dT%H:%M:%SZ', 'now'), '["busy-01"]', 'machine', 1,
+                   'infrastructure', 1, 1
             from c""")
         con.execute("insert into job_nodes (diagnosis_id, node, snapshot) select id, "
                     "'busy-01', 1 from diagnoses where cluster = 'busy'")

@@ -8,8 +8,8 @@ from sattrib_dashboard.cells import moved_to, node_path
 from sattrib_dashboard.charts import swimlane
 
 # The part a node played in a failed job, as the query's `role` column says it (from the
-# stored machine_fault and blame columns, as the hotspots count them). Each role is a lane of
-# its history: (label, kind of mark).
+# stored fault column, engine/taxonomy.py's word for whose fault). Each role is a lane of its
+# history: (label, kind of mark).
 NODE_ROLES = {"cause": ("caused (infra)", "infra"),
               "cause (unconfirmed)": ("job output only", "workload"),
               "cause (workload)": ("caused (job)", "workload"),
