@@ -163,6 +163,18 @@ def test_user_oom_kills_never_escalate_a_node_and_its_driver_does(mixed_db, rule
                       time.time())["to"] == "drain_node"
 
 
+def marked(db, tmp_path, update: str) -> Path:
+    """A copy of the database with its stored columns changed by `update`."""
+    path = tmp_path / "marked.db"
+    src = sqlite3.connect(db)
+    src.backup(dst := sqlite3.connect(path))
+    src.close()
+    dst.execute(update)
+    dst.commit()
+    dst.close()
+    return path
+
+
 def test_the_node_page_and_hotspots_read_the_stored_column(mixed_db, tmp_path):
     _, body = get(mixed_db, "/diagnoses/node_history.json?_shape=array&node=node-01")
     roles = {j["job_id"]: j["role"] for j in json.loads(body)}
@@ -173,14 +185,8 @@ def test_the_node_page_and_hotspots_read_the_stored_column(mixed_db, tmp_path):
     assert "1 infrastructure fault on this node" in html and "job output only" in html
     # The pages follow the stored answer, whatever the category: mark the OOMs as the
     # machine's and they count.
-    path = tmp_path / "marked.db"
-    src = sqlite3.connect(mixed_db)
-    src.backup(dst := sqlite3.connect(path))
-    src.close()
-    dst.execute("update diagnoses set machine_fault = 1, fault = 'infrastructure' "
-                "where category = 'host_oom'")
-    dst.commit()
-    dst.close()
+    path = marked(mixed_db, tmp_path, "update diagnoses set machine_fault = 1, "
+                  "fault = 'infrastructure' where category = 'host_oom'")
     _, body = get(path, "/diagnoses/node_history.json?_shape=array&node=cpu-gpu01")
     assert {j["role"] for j in json.loads(body)} == {"cause"}
     _, body = get(path, "/diagnoses/node_hotspots.json?_shape=array&days=3650")
@@ -197,14 +203,8 @@ def test_the_pages_and_gpu_hotspots_read_the_stored_fault_columns(mixed_db, tmp_
         "501": "unconfirmed 0", "502": "infrastructure 0", "601": "workload 0",
         "602": "workload 0", "603": "workload 0", "701": "workload 0", "702": "workload 0"}
     conn.close()
-    path = tmp_path / "marked.db"
-    src = sqlite3.connect(mixed_db)
-    src.backup(dst := sqlite3.connect(path))
-    src.close()
-    dst.execute("update diagnoses set fault = 'scheduler', gpu_fault = 1, culprit_gpu = "
-                "'0000:3b:00.0', gpu_serial = 'S1' where job_id = '502'")
-    dst.commit()
-    dst.close()
+    path = marked(mixed_db, tmp_path, "update diagnoses set fault = 'scheduler', gpu_fault = 1, "
+                  "culprit_gpu = '0000:3b:00.0', gpu_serial = 'S1' where job_id = '502'")
     _, body = get(path, "/diagnoses/node_history.json?_shape=array&node=node-01")
     assert {j["job_id"]: j["role"] for j in json.loads(body)} == {
         "502": "cause (scheduler)", "501": "cause (unconfirmed)"}
