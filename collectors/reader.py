@@ -259,6 +259,8 @@ class _Scanner:
                     end = len(buf) - lim.segment_max   # long line: scan most of it now
             self._complete_pending(buf, scan_from, end, eof)
             counted_to, newlines = self._scan(buf, scan_from, end, base, lineno, eof)
+            if eof:
+                break         # no line after the last kept one needs its number
             # Keep some lines before `end` as context for the next round, bounded in size.
             keep = end
             for _ in range(lim.context_lines):
@@ -267,7 +269,7 @@ class _Scanner:
                 keep = buf.rfind(b"\n", 0, keep - 1) + 1
             keep = max(keep, end - lim.segment_max, 0)
             if lineno is not None:
-                # _scan counted the newlines up to its last hit; count only the rest once.
+                # _scan counted the newlines up to its last kept hit; count only the rest once.
                 if counted_to <= keep:
                     lineno += newlines + buf.count(b"\n", counted_to, keep)
                 else:
@@ -326,7 +328,6 @@ class _Scanner:
                              (buf if end == len(buf) else memoryview(buf)[:end]))
         if not found:
             return 0, 0
-        count_pos, count_line = 0, lineno
         cur = None
         new_hits: list[RawHit] = []
         prev_end = self.scanned_abs
@@ -341,19 +342,17 @@ class _Scanner:
             ls = buf.rfind(b"\n", 0, p) + 1
             le = buf.find(b"\n", p)
             le = len(buf) if le < 0 else le
-            if count_line is not None:
-                count_line += buf.count(b"\n", count_pos, ls)
-                count_pos = ls
             # The segment: this line, or the CR-separated part of it, cut to segment_max.
             ss = max(ls, p - lim.segment_max // 2, buf.rfind(b"\r", ls, p) + 1)
             se = min(le, p + lim.segment_max // 2)
             cr = buf.find(b"\r", p, se)
             if cr >= 0:
                 se = cr
-            cur = RawHit(offset=base + ss, line=count_line, data=buf[ss:se],
+            cur = RawHit(offset=base + ss, line=None, data=buf[ss:se],
                          lits=set(self.lit_rules[lit]), next_from=min(le + 1, len(buf)))
             new_hits.append(cur)
         kept = []
+        count_pos, count_line = 0, lineno
         for cur in new_hits:
             if self.confirm is not None:
                 # Only lines a rule really matches get their context cut out and kept.
@@ -363,6 +362,11 @@ class _Scanner:
             kept.append(cur)
             ls = cur.offset - base
             ls = buf.rfind(b"\n", 0, ls) + 1 if ls > 0 and buf[ls - 1:ls] != b"\n" else ls
+            if count_line is not None:
+                # Newlines are counted only up to lines that are kept: most hits are not.
+                count_line += buf.count(b"\n", count_pos, ls)
+                count_pos = ls
+                cur.line = count_line
             # Previous lines, nearest first (their prefixes only).
             q = ls
             while q > 0 and len(cur.prev) < lim.context_lines:
