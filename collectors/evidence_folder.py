@@ -20,6 +20,7 @@ from ..engine.extract import captures, found_for, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
+from ..engine.matcher import ShapeSearch, search_all
 from ..engine.taxonomy import Source
 from ..engine.localize import fr_lines
 from . import flight_recorder, ibstat, nvidia_smi, output_lines, probes_file, prometheus, \
@@ -162,6 +163,7 @@ class FolderReader:
         self.job_id: Optional[str] = None   # whose scheduler records the rules read
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._founds: dict = {}   # one Line.found per distinct search result (see _line)
+        self._shapes = ShapeSearch(rules.by_id)     # each message shape searched once
         self._no_stamps = 0
         self.owner = owner
         # Called as files are read: (files read, files in all, bytes read, bytes in all).
@@ -671,13 +673,8 @@ class FolderReader:
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
             kernel = _kernel_record(kind, p)
-            hit = {}
-            for rid in lits:
-                c = by_id.get(rid)
-                if c is not None:
-                    m = c.search(msg, kernel)
-                    if m:
-                        hit[rid] = m
+            hit = search_all(by_id, msg, lits, kernel) if self.reference else \
+                self._shapes(msg, lits, kernel)
             if hit and hit.keys() <= context:
                 first = min(hit)
                 n = context_count[first] = context_count.get(first, 0) + 1
