@@ -224,7 +224,9 @@ class _Scanner:
             self.dropped += 1
 
     def run(self, chunks: Iterator[bytes], lineno: Optional[int], base: int,
-            skip_partial: bool) -> None:
+            skip_partial: bool, length: Optional[int] = None) -> None:
+        """Scan the chunks in turn. `length`, when known, is how many bytes they hold: the
+        round that reaches it is the last one (no newline after its last kept hit is counted)."""
         lim = self.lim
         buf = b""
         scan_from = 0           # index in buf where the prefilter has not run yet
@@ -232,9 +234,11 @@ class _Scanner:
         it = iter(chunks)
         eof = False
         first = skip_partial
+        got = 0
         while not eof:
             data = next(it, b"")
-            eof = not data
+            got += len(data)
+            eof = not data or (length is not None and got >= length)
             buf = buf + data if buf else data
             if first:
                 nl = buf.find(b"\n")
@@ -412,14 +416,14 @@ def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
         res.compressed = True
         sc.run(_gz_chunks(fd, limits.file_cap, limits.chunk, res), 1, 0, False)
     elif size <= limits.file_cap:
-        sc.run(_chunks(pread, 0, size, limits.chunk), 1, 0, False)
+        sc.run(_chunks(pread, 0, size, limits.chunk), 1, 0, False, size)
         res.scanned = size
     else:
         half = limits.file_cap // 2
         sc.run(_chunks(pread, 0, half, limits.chunk), 1, 0, False)
         at_line_start = pread(1, size - half - 1) == b"\n"
         sc.run(_chunks(pread, size - half, half, limits.chunk), None, size - half,
-               not at_line_start)
+               not at_line_start, half)
         res.scanned = 2 * half
         res.cut = size - 2 * half
         res.notes.append(f"read first and last {_size(half)} of {_size(size)}; "
