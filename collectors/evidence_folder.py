@@ -470,6 +470,17 @@ class FolderReader:
         return any((c := by_id.get(r)) is not None and (
             c.rule.role.value == "root" or c.rule.decode) for r in lits)
 
+    def needs_neighbours(self, h) -> bool:
+        """Whether `_line` may bound this line's time by its neighbours': only a line a root or
+        decode rule matched, and only if its own stamp does not give the time whatever the
+        controller's time zone and reference year. The scanner cuts out no neighbour lines for
+        the others, and a node ships them without (output_lines)."""
+        if not self.wants_time(h.lits):
+            return False
+        stamp = h.meta[1].stamp if h.meta is not None else None
+        return not (stamp is not None and stamp.year is not None
+                    and TimeContext._mk(stamp, stamp.year, 0) is not None)
+
     @staticmethod
     def stamped_head(head: bytes) -> list[str]:
         """The lines among the first 50 of a file's head that carry a time stamp: what
@@ -613,7 +624,8 @@ class FolderReader:
         srun = kind == "rank_output" and _srun_prefixed(head)
         prefilter = EveryLine() if self.reference else self.rules.prefilter
         res = scan(fd, size, prefilter, self.lit_rules, self.lines_after, self.lim,
-                   confirm=self._confirmer(kind, srun), pread=pread)
+                   confirm=self._confirmer(kind, srun), pread=pread,
+                   neighbours=None if self.reference else self.needs_neighbours)
         return res, srun
 
     def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, srun: bool,

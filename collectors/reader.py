@@ -54,6 +54,7 @@ class RawHit:
     need_following: int = 0
     next_from: int = 0
     partial: bool = False       # the last neighbour line taken continues in the next chunk
+    neighbours: bool = True     # its neighbour lines may bound its time (else none are cut out)
     meta: object = None         # what the confirm step learnt about the line (reused later)
 
 
@@ -201,8 +202,10 @@ class EveryLine:
 
 
 class _Scanner:
-    def __init__(self, prefilter, lit_rules, lines_after: dict, limits: Limits, confirm=None):
+    def __init__(self, prefilter, lit_rules, lines_after: dict, limits: Limits, confirm=None,
+                 neighbours=None):
         self.confirm = confirm
+        self.neighbours = neighbours
         self.pf = prefilter
         self.lit_rules = lit_rules
         self.lines_after = lines_after
@@ -315,11 +318,12 @@ class _Scanner:
     def _add_next(self, h: RawHit, line: bytes) -> None:
         lim = self.lim
         line = line.rstrip(b"\r")
-        if len(h.next) < lim.context_lines:
+        context = lim.context_lines if h.neighbours else 0
+        if len(h.next) < context:
             h.next.append(line[:lim.context_bytes])
         if len(h.following) < h.need_following:
             h.following.append(line[: 4096])
-        h.need = max(lim.context_lines - len(h.next), h.need_following - len(h.following), 0)
+        h.need = max(context - len(h.next), h.need_following - len(h.following), 0)
 
     def _scan(self, buf: bytes, start: int, end: int, base: int, lineno: Optional[int],
               eof: bool) -> tuple[int, int]:
@@ -364,6 +368,8 @@ class _Scanner:
                 if not cur.lits:
                     continue
             kept.append(cur)
+            if self.neighbours is not None:
+                cur.neighbours = self.neighbours(cur)
             ls = cur.offset - base
             ls = buf.rfind(b"\n", 0, ls) + 1 if ls > 0 and buf[ls - 1:ls] != b"\n" else ls
             if count_line is not None:
@@ -372,7 +378,7 @@ class _Scanner:
                 count_pos = ls
                 cur.line = count_line
             # Previous lines, nearest first (their prefixes only).
-            q = ls
+            q = ls if cur.neighbours else 0
             while q > 0 and len(cur.prev) < lim.context_lines:
                 qs = buf.rfind(b"\n", 0, q - 1) + 1
                 cur.prev.append(buf[qs:min(q - 1, qs + lim.context_bytes)].rstrip(b"\r"))
@@ -380,7 +386,7 @@ class _Scanner:
         for h in kept:
             self._keep(h)
             h.need_following = max((self.lines_after.get(r, 0) for r in h.lits), default=0)
-            h.need = max(lim.context_lines, h.need_following)
+            h.need = max(lim.context_lines if h.neighbours else 0, h.need_following)
             p = h.next_from
             while h.need > 0 and p < len(buf):
                 le = buf.find(b"\n", p)
@@ -400,15 +406,17 @@ class _Scanner:
 
 
 def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
-         limits: Limits, confirm=None, pread=None) -> ScanResult:
+         limits: Limits, confirm=None, pread=None, neighbours=None) -> ScanResult:
     """Scan an open file for prefilter literals. Gzip files are decompressed on the fly.
 
     `confirm(line_bytes, rule_ids) -> (rule_ids, meta)`, when given, runs the rules on each
     line the prefilter found and drops the line when none matches. `pread(n, offset)`, when
     given, reads the file instead of `os.pread(fd, ...)` (a view of part of it: see
-    output_lines.copy_view); such a view is never gzip-decoded."""
+    output_lines.copy_view); such a view is never gzip-decoded. `neighbours(hit)`, when given,
+    says whether a kept line's neighbour lines may be needed (for its time); when it says no,
+    none are cut out for it."""
     res = ScanResult(hits=[], size=size, scanned=0)
-    sc = _Scanner(prefilter, lit_rules, lines_after, limits, confirm)
+    sc = _Scanner(prefilter, lit_rules, lines_after, limits, confirm, neighbours)
     view = pread is not None
     pread = pread or (lambda n, off: os.pread(fd, n, off))
     head = b"" if view else pread(2, 0)
