@@ -73,23 +73,29 @@ def _closed_class(members) -> bool:
                for op, av in members)
 
 
-def _closed(items) -> bool:
+def _every_atom(items, atom_ok) -> bool:
+    """Does `atom_ok(op, av)` hold for every atom of a parsed pattern (through its repeats,
+    groups and alternatives)?"""
     for op, av in items:
-        if op in (C.LITERAL, C.AT):
-            continue
-        if op == C.IN:
-            ok = _closed_class(av)
-        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
-            ok = _closed(av[2])
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            ok = _every_atom(av[2], atom_ok)
         elif op == C.SUBPATTERN:
-            ok = _closed(av[3])
+            ok = _every_atom(av[3], atom_ok)
         elif op == C.BRANCH:
-            ok = all(_closed(b) for b in av[1])
+            ok = all(_every_atom(b, atom_ok) for b in av[1])
         else:
-            ok = False
+            ok = atom_ok(op, av)
         if not ok:
             return False
     return True
+
+
+def _closed_atom(op, av) -> bool:
+    return op in (C.LITERAL, C.AT) or (op == C.IN and _closed_class(av))
+
+
+def _closed(items) -> bool:
+    return _every_atom(items, _closed_atom)
 
 
 def _group(items, gid: int):
@@ -148,25 +154,12 @@ def _class_digits(members) -> bool | None:
     return bool(held) != negate
 
 
-def _digit_blind(items) -> bool:
-    for op, av in items:
-        if op == C.LITERAL or op == C.NOT_LITERAL:
-            ok = av not in _DIGITS
-        elif op in (C.ANY, C.AT):
-            ok = True
-        elif op == C.IN:
-            ok = _class_digits(av) is not None
-        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
-            ok = _digit_blind(av[2])
-        elif op == C.SUBPATTERN:
-            ok = _digit_blind(av[3])
-        elif op == C.BRANCH:
-            ok = all(_digit_blind(b) for b in av[1])
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
+def _digit_blind_atom(op, av) -> bool:
+    if op in (C.LITERAL, C.NOT_LITERAL):
+        return av not in _DIGITS
+    if op == C.IN:
+        return _class_digits(av) is not None
+    return op in (C.ANY, C.AT)
 
 
 def digit_blind(pattern: str, ignore_case: bool = False) -> bool:
@@ -174,7 +167,7 @@ def digit_blind(pattern: str, ignore_case: bool = False) -> bool:
     `[1-3]`)? Then whether it matches a line, and where its groups are, is the same for every
     line that differs from it only in which digits it holds: ranks, times, addresses, counts.
     (RE2's `\\d`, `\\w` and `\\b` know only the ASCII digits, the only ones that vary.)"""
-    return _digit_blind(_parse(pattern, ignore_case).data)
+    return _every_atom(_parse(pattern, ignore_case).data, _digit_blind_atom)
 
 
 class SpanMatch:
