@@ -20,6 +20,7 @@ from ..engine.extract import captures, found_for, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
+from ..engine.matcher import ShapeSearch, search_all
 from ..engine.taxonomy import Source
 from ..engine.localize import fr_lines
 from . import flight_recorder, ibstat, nvidia_smi, output_lines, probes_file, prometheus, \
@@ -162,6 +163,7 @@ class FolderReader:
         self.job_id: Optional[str] = None   # whose scheduler records the rules read
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._founds: dict = {}   # one Line.found per distinct search result (see _line)
+        self._shapes = ShapeSearch(rules.by_id)     # each message shape searched once
         self._no_stamps = 0
         self.owner = owner
         # Called as files are read: (files read, files in all, bytes read, bytes in all).
@@ -468,6 +470,17 @@ class FolderReader:
         return any((c := by_id.get(r)) is not None and (
             c.rule.role.value == "root" or c.rule.decode) for r in lits)
 
+    def needs_neighbours(self, h) -> bool:
+        """Whether `_line` may bound this line's time by its neighbours': only a line a root or
+        decode rule matched, and only if its own stamp does not give the time whatever the
+        controller's time zone and reference year. The scanner cuts out no neighbour lines for
+        the others, and a node ships them without (output_lines)."""
+        if not self.wants_time(h.lits):
+            return False
+        stamp = h.meta[1].stamp if h.meta is not None else None
+        return not (stamp is not None and stamp.year is not None
+                    and TimeContext._mk(stamp, stamp.year, 0) is not None)
+
     @staticmethod
     def stamped_head(head: bytes) -> list[str]:
         """The lines among the first 50 of a file's head that carry a time stamp: what
@@ -611,7 +624,8 @@ class FolderReader:
         srun = kind == "rank_output" and _srun_prefixed(head)
         prefilter = EveryLine() if self.reference else self.rules.prefilter
         res = scan(fd, size, prefilter, self.lit_rules, self.lines_after, self.lim,
-                   confirm=self._confirmer(kind, srun), pread=pread)
+                   confirm=self._confirmer(kind, srun), pread=pread,
+                   neighbours=None if self.reference else self.needs_neighbours)
         return res, srun
 
     def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, srun: bool,
@@ -671,13 +685,8 @@ class FolderReader:
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
             kernel = _kernel_record(kind, p)
-            hit = {}
-            for rid in lits:
-                c = by_id.get(rid)
-                if c is not None:
-                    m = c.search(msg, kernel)
-                    if m:
-                        hit[rid] = m
+            hit = search_all(by_id, msg, lits, kernel) if self.reference else \
+                self._shapes(msg, lits, kernel)
             if hit and hit.keys() <= context:
                 first = min(hit)
                 n = context_count[first] = context_count.get(first, 0) + 1

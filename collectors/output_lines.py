@@ -33,7 +33,6 @@ import json
 import os
 from typing import Optional
 
-from ..engine.lineparse import TimeContext
 from .frames import frames_at
 from .reader import Limits, RawHit, SkipFile, open_regular, read_head
 
@@ -106,7 +105,7 @@ def extract(src: str, owner: Optional[int], cap: int, reader, rules_version: str
     rows = [json.dumps(header, sort_keys=False)]
     for h, fr in zip(res.hits, frames):
         rec = {"o": h.offset, "n": h.line, "t": _text(h.data), "l": sorted(h.lits)}
-        if _needs_neighbours(reader, h):
+        if reader.needs_neighbours(h):
             rec.update(p=[_text(b) for b in h.prev], x=[_text(b) for b in h.next])
         if h.following:
             rec["f"] = [_text(b) for b in h.following]
@@ -115,17 +114,6 @@ def extract(src: str, owner: Optional[int], cap: int, reader, rules_version: str
         rows.append(json.dumps(rec, ensure_ascii=False))
     out["lines"] = "\n".join(rows) + "\n"
     return out
-
-
-def _needs_neighbours(reader, h) -> bool:
-    """Whether the reader may bound this line's time by its neighbours' (FolderReader._line):
-    only a line a root or decode rule matched, and only if its own stamp does not give the
-    time whatever the controller's time zone and reference year. Others ship without them."""
-    if not reader.wants_time(h.lits):
-        return False
-    stamp = h.meta[1].stamp if h.meta is not None else None
-    return not (stamp is not None and stamp.year is not None
-                and TimeContext._mk(stamp, stamp.year, 0) is not None)
 
 
 def _text(b: bytes) -> str:

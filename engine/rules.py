@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 from . import decode, kmsg, public
 from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
 from .lineparse import clean, split_prefix
-from .matcher import PatternError, Prefilter, compile_rule_pattern
+from .matcher import PatternError, Prefilter, compile_rule_pattern, digit_blind
 from .taxonomy import FAMILY, Source
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
@@ -69,6 +69,7 @@ class CompiledRule:
     caseless: bool
     path: str
     rows: tuple = ()     # message-catalog rows that refine this rule's hits (catalog.Row)
+    digit_blind: bool = False   # matches alike on lines that differ only in digits (matcher)
 
     def search(self, message, kernel: bool = False):
         """RE2 search on a line (str or its UTF-8 bytes); None or a match with str groups.
@@ -156,7 +157,8 @@ def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRu
     if bad:
         raise RuleError(f"{rel}: explained_by: unknown family {', '.join(map(repr, bad))} "
                         f"(known: {', '.join(sorted(set(FAMILY.values())))})")
-    return CompiledRule(rule, rx, lits, caseless, rel)
+    return CompiledRule(rule, rx, lits, caseless, rel,
+                        digit_blind=digit_blind(rule.pattern, rule.ignore_case))
 
 
 def unknown_recasts(rules, known: set) -> list[tuple[str, str]]:
