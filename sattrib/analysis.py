@@ -102,7 +102,7 @@ FRAME_CATEGORIES = {"application_error", "cuda_oom", "host_oom"}
 def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
     """Each application-error / OOM cause gets the innermost frames of the user's own code from
     the traceback printed above its first job-output evidence line."""
-    from .collectors.frames import user_frames
+    from .collectors.output_lines import user_frames
     from .engine.models import Frame
     ev = {e.id: e for e in d.evidence}
     for c in ([d.root_cause] if d.root_cause else []) + list(d.candidates):
