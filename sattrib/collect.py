@@ -274,7 +274,6 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
     if env_job is not None and env_job.known and not env_job.nonzero:
         # The nodes saw exit 0 too (a NODE_FAIL, a scancel): their Epilogs took the fast path
         # and will not send snapshots. Nothing to wait for.
-        from .store import QUIET_NOTE        # hook health reads this note: no snapshot due
         expect = []
         notes.append(f"{QUIET_NOTE}: the node Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
@@ -290,17 +289,18 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
             break
         time.sleep(0.5)
     quiet = env_job is not None and env_job.known and not env_job.nonzero
-    from .store import NO_SNAPSHOT         # hook health reads this note: the node was silent
-    for n in nodes:
-        if n not in snaps and (n in down or not quiet):
-            notes.append(f"{NO_SNAPSHOT} {n}" + (" (Slurm reports it down)" if n in down
-                                                 else f" within {wait:.0f}s"))
+    delivery = _delivery(nodes, snaps, down, quiet, wait)
+    notes += [f"no snapshot from {n}" + (" (Slurm reports it down)" if n in down else
+                                         f" within {wait:.0f}s")
+              for n, state, _ in delivery if state == "missing"]
 
     bundle = _build_bundle(bundle_dir, text,
                            nodes_text, slurm_job.sacct(job_id, min(deadline,
                                                                    time.monotonic() + 15)),
                            snaps, info, env_job, restart, st, notes, slurm_job,
-                           dict(run, nodes=compress(nodes)), hard)
+                           dict(run, nodes=compress(nodes), snapshots=[
+                               {"node": n, "state": state, "reason": why}
+                               for n, state, why in delivery]), hard)
     d = _analyze_and_store(bundle, cluster, st)
     spool.remove_job(spool_dir)
     root = d.root_cause
@@ -308,6 +308,20 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
     return Outcome(True, f"job {job_id}.{restart}: {why}; diagnosed {what} in "
                          f"{time.monotonic() - t0:.1f}s ({len(snaps)}/{len(nodes)} node "
                          "snapshots)", d, bundle)
+
+
+# The worker's note on a run the scheduler ended (its exit status 0): no snapshot was due.
+QUIET_NOTE = "the job's exit status was 0 (a scheduler-ended run)"
+
+
+def _delivery(nodes: list, snaps: dict, down: set, quiet: bool, wait: float) -> list:
+    """(node, state, reason) of each node's Epilog snapshot, as the run's record keeps it for
+    hook health: `present`, `missing` (Slurm reports the node down, or nothing came in time)
+    or `not_due` (a scheduler-ended run: the Epilogs took none)."""
+    return [(n, "present", None) if n in snaps else
+            (n, "missing", "Slurm reports it down") if n in down else
+            (n, "not_due", QUIET_NOTE) if quiet else
+            (n, "missing", f"none came within {wait:.0f} s") for n in nodes]
 
 
 def _analyze_and_store(bundle: Path, cluster: str, st, notes: Optional[list] = None):
@@ -361,7 +375,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
                       signal=env_job.signal, derived=env_job.derived)
-    from .collectors.node_snapshot import KERNEL_FILES
+    from .collectors.sources import kernel_files, source_of_probe
     kernel_logs = set()
     for node, snap in sorted(snaps.items()):
         notes.extend(f"{node}: {n}" for n in (snap.data.get("notes") or [])[:20]
@@ -372,11 +386,11 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
             if "/" in name or name.startswith("."):
                 continue
             (nd / name).write_text(content)
-            if name in KERNEL_FILES:
+            if name in kernel_files():
                 kernel_logs.add(str(nd / name))
         (nd / probes_file.NAME).write_text(probes_file.render(
             snap.data.get("probes") or [], snap.trusted_by, snap.data.get("taken_at"),
-            run.get("end_time")))
+            run.get("end_time"), source_of_probe))
     if st.prometheus_url:              # metrics for every node, with or without a snapshot
         from .collectors import prometheus
         from .engine.hostlist import expand

@@ -61,6 +61,27 @@ def test_copy_elsewhere_gives_identical_json(tmp_path, rules):
     assert a.model_dump_json() == b.model_dump_json()
 
 
+def test_a_kept_bundle_replays_to_the_same_diagnosis(tmp_path, rules):
+    """What sattrib wrote into a kept bundle (the diagnosis, the actions taken on it) is never
+    read back as evidence: replaying the bundle gives the diagnosis it holds, byte for byte
+    (actions.json was once read as the job's output)."""
+    from sattrib.actions import _write_bundle
+    from sattrib.demo import write_demo
+    bundle = write_demo(tmp_path / "1001.0")
+    first, _ = analyze_folder(bundle, rules=rules)
+    (bundle / "diagnosis.json").write_text(first.model_dump_json(indent=2) + "\n")
+    _write_bundle(bundle, {"actions": [
+        {"kind": "drain", "decision": "failed", "node": "node-02", "command": None,
+         "detail": "cannot read the state of node-02: scontrol: fatal: Could not establish a "
+                   "configuration source", "created_at": "2026-11-02T10:25:00Z"},
+        {"kind": "notify", "decision": "failed", "node": None, "command": None,
+         "detail": "not sent after 3 attempts: RuntimeError: CUDA error: an illegal memory "
+                   "access was encountered", "created_at": "2026-11-02T10:25:01Z"}],
+        "escalation": None})
+    again, _ = analyze_folder(bundle, rules=rules)
+    assert again.model_dump_json() == first.model_dump_json()
+
+
 def test_fake_kernel_lines_are_not_kernel_evidence(rules):
     d, _ = analyze_folder(CASES / "app_exception_fake_kernel_lines", rules=rules)
     assert all(e.source.value != "kernel" or "Xid" not in e.text for e in d.evidence)
