@@ -2,7 +2,8 @@
 
 Layout: `slurm/` (scheduler facts), `logs/` (job-level output), one folder per node (the folder
 name is the node name); sattrib's own manifests (`diagnosis.json`, `actions.json`), a scored
-case's `expected.json` and names starting with `_` or `.` are ignored. Files are classified by
+case's `expected.json`, a person's notes (`README*`, `NOTES*`, `*.md`) and names starting with
+`_` or `.` are ignored. Files are classified by
 their content, not their name, by the rows of collectors/sources.py: a kernel log is recognised
 by its line prefixes, an nvidia-smi dump by its header. One exception, for safety: a file whose
 name says it is rank output (`*.stderr`, `*.err`, `*.out`, `rank*`) is always read as rank
@@ -26,7 +27,7 @@ from ..engine.rules import RuleSet
 from ..engine.taxonomy import Kind, Source
 from . import flight_recorder, output_lines, probes_file, prometheus, slurm_state, sources
 from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
-from .sources import RESERVED, Read, Where
+from .sources import PERSONS_NOTE, RESERVED, Read, Where
 
 def job_id_from_names(paths) -> Optional[str]:
     """The job id in Slurm's default output names (`slurm-<id>.out`, `slurm-<array>_<task>.out`)
@@ -89,6 +90,8 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
         entries = sorted(keep, key=lambda e: e.name.removesuffix(".lines"))
     for e in entries:
         if e.name.startswith((".", "_")) and not (depth and _NVRX_DUMP.match(e.name)):
+            continue
+        if PERSONS_NOTE.search(e.name) and e.is_file(follow_symlinks=False):
             continue
         path = f"{rel}/{e.name}" if rel else e.name
         if e.is_symlink():

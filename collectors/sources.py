@@ -137,6 +137,9 @@ BY_KIND = {r.kind: r for r in ROWS if r.kind is not None}
 # manifests at its top.
 RESERVED = frozenset({"slurm", "logs"} | {f for r in ROWS if r.kind is None
                                           and r.where == Where.top for f in r.files})
+# What a person leaves beside the evidence (`README*`, `NOTES*`, `*.md`): words about the
+# failure, perhaps its answer, never what a machine or the job printed. Not read, wherever it is.
+PERSONS_NOTE = re.compile(r"^(?:readme|notes)|\.md$", re.I)
 COUNTING = {r.kind: r.counts for r in ROWS if r.kind is not None and r.counts is not None}
 # Sources a node's Epilog snapshot delivers: one of them present means the snapshot came.
 SNAPSHOT_SOURCES = tuple(dict.fromkeys(BY_KIND[k].counts.name for k in BY_KIND

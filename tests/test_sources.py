@@ -89,3 +89,19 @@ def test_completeness_entries_say_what_the_strings_say(tmp_path):
             tag[("snapshot", "n2")].reason) == ("present", "missing", "Slurm reports it down")
     assert reading_summary(bundle).startswith(
         "Read 5 files (") and "2 scheduler" in reading_summary(bundle)
+
+
+def test_a_persons_notes_beside_the_evidence_are_not_evidence(tmp_path):
+    """README*, NOTES* and *.md are what someone wrote about the failure (perhaps its answer),
+    wherever they are in the folder: an Xid 79 in them changes nothing."""
+    evidence = {"slurm/job.txt": "JobId=5 JobState=FAILED ExitCode=1:0 NodeList=node-01\n",
+                "node-01/journal.log": "2026-01-01T00:00:00+0000 node-01 kernel: hello\n",
+                "logs/slurm-5.out": "RuntimeError: CUDA error: unknown error\n"}
+    xid = "2026-01-01T00:00:01+0000 node-01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, " \
+          "GPU has fallen off the bus.\n"
+    notes = {"NOTES.md": xid, "node-01/NOTES.md": xid, "node-01/README": xid,
+             "node-01/notes.txt": xid, "logs/answer.md": xid, "slurm/README.txt": xid}
+    plain, _ = analyze_folder(folder(tmp_path / "a" / "job", evidence))
+    noted, bundle = analyze_folder(folder(tmp_path / "b" / "job", {**evidence, **notes}))
+    assert noted.model_dump_json() == plain.model_dump_json()
+    assert not any(d.path in notes for d in bundle.documents)
