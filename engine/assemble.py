@@ -84,7 +84,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
             text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
             category=e.category, offset=e.line.offset if e.line.line is None else None,
             cursor=e.line.cursor, root=root_id if e.id != root_id else None,
-            metric=Metric(**e.line.metric) if e.line.metric else None))
+            metric=Metric(**e.line.metric) if e.line.metric else None, because=e.why or None))
 
     causes = []
     for inc in winners:

@@ -250,6 +250,7 @@ class Evidence(_Out):
     cursor: Optional[str] = None
     root: Optional[str] = None     # for symptoms/confirmations: the root evidence id they follow
     metric: Optional[Metric] = None   # for metric lines (from Prometheus): the series behind it
+    because: Optional[str] = None  # why the line counts otherwise than its rule alone says
 
 
 @_out

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from helpers import CASES
+from helpers import CASES, folder
 from sattrib.analysis import analyze_folder
 from sattrib.collectors.evidence_folder import FolderReader
 from sattrib.engine.pipeline import diagnose
@@ -99,3 +99,19 @@ def test_stale_event_outside_window_is_ignored(rules):
     d, _ = analyze_folder(CASES / "new_year_stale_xid", rules=rules)
     assert d.root_cause.first_seen == "2026-01-01T00:14:07Z"
     assert any("before the job's time window" in n for n in d.completeness.notes)
+
+
+def test_evidence_says_why_it_counts_otherwise_than_its_rule(tmp_path, rules):
+    """The pipeline's reason for reading a line otherwise than its rule alone says (here a
+    recast by the frame above it) is the evidence's `because`; a line read as its rule says
+    has none."""
+    trace = ('Traceback (most recent call last):\n'
+             '  File "/usr/lib/python3.10/multiprocessing/synchronize.py", line 57, in __init__\n'
+             '    sl = self._semlock = _multiprocessing.SemLock(\n'
+             'OSError: [Errno 28] No space left on device\n')
+    d, _ = analyze_folder(folder(tmp_path / "job", {"logs/slurm-7.out": trace}), rules=rules)
+    assert d.root_cause.category.value == "host_oom"
+    assert {e.because for e in d.evidence if e.id in d.root_cause.evidence} == {
+        "raised while allocating shared memory (/dev/shm): host shared memory ran out"}
+    d, _ = analyze_folder(CASES / "xid79_srun_combined_log", rules=rules)
+    assert {e.because for e in d.evidence} == {None}
