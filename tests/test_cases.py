@@ -1,4 +1,5 @@
-"""Golden evidence folders in tests/cases/<root>_<context>/ with the expected verdict, and
+"""Golden evidence folders in tests/cases/<root>_<context>/ with the expected verdict (outcome,
+cause, action_code, missing sources, symptom groups as "rule category nodes"), and
 determinism: the same evidence in any order gives byte-identical JSON."""
 import json
 import random
@@ -35,8 +36,17 @@ def test_case(name, rules):
         assert root is None
     if want["outcome"] == "ambiguous":
         assert sorted(c.node for c in d.candidates) == want["candidates"]
-    for m in want.get("missing", []):
-        assert m in d.completeness.missing
+    # What to do, what was missing and what else went wrong are pinned too: a change to any
+    # of them is a change to the diagnosis a person acts on.
+    assert d.action_code.value == want["action_code"]
+    assert d.completeness.missing == want["missing"]
+    assert [_group(s) for s in d.symptoms] == want["symptoms"]
+
+
+def _group(s) -> str:
+    """A symptom group as the cases pin it: "rule category nodes"."""
+    nodes = s.nodes or ([s.node] if s.node else [])
+    return f"{s.rule} {s.category} {','.join(nodes)}".rstrip()
 
 
 @pytest.mark.parametrize("name", NAMES)
