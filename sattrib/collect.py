@@ -33,10 +33,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .collectors import output_lines, probe, probes_file
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .collectors.slurm_env import JobEnv
 
 log = logging.getLogger("sattrib.collect")
 
@@ -238,9 +241,10 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     if lock is None:
         return Outcome(False, f"job {job_id}.{restart}: another worker holds its lock")
     try:
-        out = _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
-                              t0, wait, deadline, hard, spool, slurm_job, expand, run, notes,
-                              max(0.0, time.time() - queued_at) if queued_at else 0.0)
+        out = _collect_locked(_Run(
+            job_id, restart, cluster, env_job, text, info, why, run, notes,
+            _Budget(t0, wait, deadline, hard,
+                    max(0.0, time.time() - queued_at) if queued_at else 0.0)), st)
     finally:
         os.close(lock)
     if out.bundle is not None:
@@ -248,10 +252,38 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     return out
 
 
-def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, wait,
-                    deadline, hard, spool, slurm_job, expand, run, notes,
-                    waited=0.0) -> Outcome:
-    from .engine.hostlist import compress
+@dataclass
+class _Budget:
+    """The time a collection has: all on the monotonic clock but `wait` and `waited`."""
+    t0: float             # when the worker took the job
+    wait: float           # how long node snapshots are waited for, from the job's end
+    deadline: float       # the collection steps' deadline
+    hard: float           # the worker's: every step ends by then
+    waited: float = 0.0   # already spent in the queue since the job ended
+
+
+@dataclass
+class _Run:
+    """One run to collect under its lock: who it is, what slurmctld said of it, and why it is
+    diagnosed."""
+    job_id: str
+    restart: int
+    cluster: str
+    env_job: Optional[JobEnv]   # EpilogSlurmctld's facts of the job (None by hand)
+    text: str             # `scontrol show job` text ("" when slurmctld did not answer)
+    info: dict            # the job's facts (slurm_job.job_facts)
+    why: str              # why the run is diagnosed
+    times: dict           # the run's own start and end (slurm/sattrib-run.json)
+    notes: list           # what the diagnosis should say about the collection
+    budget: _Budget
+
+
+def _collect_locked(r: _Run, st) -> Outcome:
+    from .collectors import slurm_job, spool
+    from .engine.hostlist import compress, expand
+    job_id, restart, cluster, env_job, notes = r.job_id, r.restart, r.cluster, r.env_job, r.notes
+    t0, wait, deadline, hard = r.budget.t0, r.budget.wait, r.budget.deadline, r.budget.hard
+    info = r.info
     nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
     spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
     bundle_dir = Path(st.bundle_dir) / cluster / f"{job_id}.{restart}"
@@ -266,7 +298,7 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
 
     # Wait for the node snapshots; nodes Slurm already knows are down will not send one.
     nodes_text = slurm_job.scontrol_nodes(nodes, min(deadline, time.monotonic() + 10)) \
-        if text else ""
+        if r.text else ""
     down = {ln.split()[0].split("=", 1)[1] for ln in nodes_text.splitlines()
             if ln.startswith("NodeName=") and any(s in ln for s in (
                 "State=DOWN", "NOT_RESPONDING", "State=FAIL", "State=UNKNOWN"))}
@@ -277,7 +309,7 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
         expect = []
         notes.append(f"{QUIET_NOTE}: the node Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
-    t_wait = min(time.monotonic() + wait - waited, hard)   # `wait` from the job's end
+    t_wait = min(time.monotonic() + wait - r.budget.waited, hard)   # `wait` from the job's end
     snaps: dict = {}
     while True:
         scratch: list[str] = []
@@ -294,18 +326,18 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
                                          f" within {wait:.0f}s")
               for n, state, _ in delivery if state == "missing"]
 
-    bundle = _build_bundle(bundle_dir, text,
+    bundle = _build_bundle(bundle_dir, r.text,
                            nodes_text, slurm_job.sacct(job_id, min(deadline,
                                                                    time.monotonic() + 15)),
                            snaps, info, env_job, restart, st, notes, slurm_job,
-                           dict(run, nodes=compress(nodes), snapshots=[
-                               {"node": n, "state": state, "reason": why}
-                               for n, state, why in delivery]), hard)
+                           dict(r.times, nodes=compress(nodes), snapshots=[
+                               {"node": n, "state": state, "reason": reason}
+                               for n, state, reason in delivery]), hard)
     d = _analyze_and_store(bundle, cluster, st)
     spool.remove_job(spool_dir)
     root = d.root_cause
     what = (f"{root.category.value} on {root.node}" if root else d.outcome.value)
-    return Outcome(True, f"job {job_id}.{restart}: {why}; diagnosed {what} in "
+    return Outcome(True, f"job {job_id}.{restart}: {r.why}; diagnosed {what} in "
                          f"{time.monotonic() - t0:.1f}s ({len(snaps)}/{len(nodes)} node "
                          "snapshots)", d, bundle)
 
