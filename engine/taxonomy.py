@@ -226,16 +226,13 @@ class Outcome(str, Enum):
 
 class Tag(str, Enum):
     """What the stages mark on an event for each other (names equal values, so a Tag compares
-    and hashes like its string). Numbered labels (xid31, signal9, exit-9, recovery2, ibstatus12,
+    and hashes like its string). Numbered labels (xid31, signal9, exit-9, ibstatus12,
     link4, nvl5:<bucket>, points_at:<node>) stay plain strings: they only describe."""
     teardown = "teardown"                    # printed while the job was being torn down
     device_lost = "device_lost"              # the GPU is gone from the bus
+    reboot_required = "reboot_required"      # the driver's recovery action (Xid 154): reboot
     bare_cancel = "bare_cancel"              # a cancel banner without a reason
     cancel_record = "cancel_record"          # the scheduler's record of who cancelled
-    cancelled_by_uid = "cancelled_by_uid"
-    terminator = "terminator"                # the scheduler ended the job by decision
-    cancel_banner = "cancel_banner"          # a cancel banner that is no terminator
-    node_failure_banner = "node_failure_banner"
     channel_teardown = "channel_teardown"    # Xid 45: the driver tore channels down
     restart_app = "restart_app"              # NVIDIA's action: restart the application
     repeat_implicates_gpu = "repeat_implicates_gpu"   # Xid 13/31: repeats point at the GPU
