@@ -21,6 +21,7 @@ import stat
 import sys
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Optional
 
 MiB = 1 << 20
@@ -101,6 +102,40 @@ def open_regular(path: str, *, dir_fd: Optional[int] = None,
     finally:
         os.close(pfd)
     return fd, st
+
+
+def _open_dirs(folder: Path, path: str):
+    """(descriptor of the folder holding `path`, its last name), every folder on the way
+    opened without following links, as the reader does; None when one cannot be."""
+    dir_fd = None
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for part in Path(path).parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = nxt
+    except OSError:
+        if dir_fd is not None:
+            os.close(dir_fd)
+        return None
+    return dir_fd, Path(path).parts[-1]
+
+
+def open_under(folder: Path, path: str, owner: Optional[int]) -> Optional[int]:
+    """A descriptor on the regular file at `path` under `folder`, opened as the reader opens
+    evidence (no links followed on the way or at the end, owner checked); None when it cannot
+    be safely."""
+    d = _open_dirs(folder, path)
+    if d is None:
+        return None
+    dir_fd, name = d
+    try:
+        return open_regular(name, dir_fd=dir_fd, owner=owner)[0]
+    except SkipFile:
+        return None
+    finally:
+        os.close(dir_fd)
 
 
 def _not_regular(mode: int) -> str:
