@@ -317,6 +317,8 @@ class Diagnosis(_Out):
     job_id: Optional[str]
     restart: int = 0
     outcome: Outcome
+    # Whose fault the job's failure is (verdict.job_blame): a Blame value, or "unknown"
+    blame: str = "unknown"
     root_cause: Optional[Cause]
     candidates: list[Cause]
     # unattributed: causes the evidence points at without proving them (their lines only

@@ -177,6 +177,39 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     job, and `server_url` is set (/etc/sattrib/sattrib.toml or SATTRIB_SERVER_URL), the
     controller's dashboard answers (after the user's own bundle, when readable), shown the
     same way; its evidence lines only if the dashboard shows them to everyone."""
+    job_id, rows, dashboard = _runs(ctx, job_id, cluster, restart, database)
+    shown = rows if all_runs else rows[-1:]
+    if dashboard:
+        for r in shown:
+            r.update(dashboard.diagnosis(job_id, r))
+    if as_json:
+        import json
+        # What was done about it (drain, requeue, notifications, a repeat-offender
+        # escalation) is recorded beside the diagnosis: added as fields, never changed in it;
+        # so is the dashboard's word that it left out the evidence lines.
+        docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
+                     escalation=r.get("escalation"),
+                     **({"evidence_text": "withheld"} if r.get("withheld") else {}))
+                for r in shown]
+        click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
+        return
+    from .render import render
+    for i, r in enumerate(shown):
+        if i:
+            click.echo()
+        n = rows.index(r) + 1
+        click.echo(render(r["diagnosis"], cluster=r["cluster"],
+                          run=(n, len(rows)) if len(rows) > 1 else None,
+                          acted={"actions": r.get("actions") or [],
+                                 "escalation": r.get("escalation")}))
+    if len(rows) > 1 and not all_runs:
+        click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
+                   "one of them)", err=True)
+
+
+def _runs(ctx, job_id: str, cluster, restart, database) -> tuple[str, list, object]:
+    """(the job id, its stored runs in order, the dashboard that answered or None): from the
+    database, else the user's own bundle, else the controller's dashboard (`server_url`)."""
     import os
     import re
     from . import paths
@@ -216,34 +249,50 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
         raise UserError(f"job {job_id} is known to clusters {', '.join(clusters)}",
                         f"pick one: sattrib {job_id} --cluster {clusters[0]}")
     rows.sort(key=lambda r: r["restart"])
-    shown = rows if all_runs else rows[-1:]
+    return job_id, rows, dashboard
+
+
+
+@main.command(epilog="""\b
+Exit status (one per blame, for job scripts and retry wrappers):
+  10 machine            a GPU, link, port or node failed: resubmit, avoiding the culprit
+  11 site_environment   a shared filesystem or network setting: resubmit once it is fixed
+  12 scheduler          time limit, preemption or scancel
+  13 workload           the job's own error: fix it before resubmitting
+  14 unknown            nothing proven, or causes that disagree
+   1                    no diagnosis (or another error)
+\b
+Examples:
+  sattrib verdict 4417902
+  sattrib verdict 4417902 --json      (blame, status, the node to exclude, time lost)
+  sattrib verdict "$SLURM_JOB_ID"; [ $? -eq 10 ] && sbatch --exclude=... job.sh
+""")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@click.option("--cluster", help="Only this cluster's diagnosis.")
+@click.option("--restart", type=int, help="Which run of a requeued job (default: the last).")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def verdict(ctx, job_id, as_json, cluster, restart, database):
+    """Whose fault a failed job was, in one sentence, and as the exit status: was it your
+    code, can you resubmit and which node to avoid, how much time was lost."""
+    from . import verdict as v
+    job_id, rows, dashboard = _runs(ctx, job_id, cluster, restart, database)
+    r = rows[-1]
     if dashboard:
-        for r in shown:
-            r.update(dashboard.diagnosis(job_id, r))
+        r.update(dashboard.diagnosis(job_id, r))
+    d, acted = r["diagnosis"], {"actions": r.get("actions") or []}
+    blame = v.job_blame(d)
     if as_json:
         import json
-        # What was done about it (drain, requeue, notifications, a repeat-offender
-        # escalation) is recorded beside the diagnosis: added as fields, never changed in it;
-        # so is the dashboard's word that it left out the evidence lines.
-        docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
-                     escalation=r.get("escalation"),
-                     **({"evidence_text": "withheld"} if r.get("withheld") else {}))
-                for r in shown]
-        click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
-        return
-    from .render import render
-    for i, r in enumerate(shown):
-        if i:
-            click.echo()
-        n = rows.index(r) + 1
-        click.echo(render(r["diagnosis"], cluster=r["cluster"],
-                          run=(n, len(rows)) if len(rows) > 1 else None,
-                          acted={"actions": r.get("actions") or [],
-                                 "escalation": r.get("escalation")}))
-    if len(rows) > 1 and not all_runs:
-        click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
-                   "one of them)", err=True)
-
+        click.echo(json.dumps({
+            "job_id": job_id, "restart": r["restart"], "blame": blame, "status": v.EXIT[blame],
+            "exclude": v.exclude(d),
+            "lost_s": v.lost_seconds(d), "verdict": v.sentence(d, acted)}, indent=2))
+    else:
+        from .escape import visible
+        click.echo("\n".join(visible(ln) for ln in v.lines(d, acted)))
+    ctx.exit(v.EXIT[blame])
 
 @main.command("list", epilog="""\b
 Examples:

@@ -9,6 +9,7 @@ import click
 from .engine.hostlist import compress
 from .engine.taxonomy import INFRASTRUCTURE, Blame, Category, blame_of
 from .escape import visible_all
+from .verdict import lines as verdict_lines
 
 MAX_EVIDENCE_LINES = 8
 MAX_SYMPTOMS = 8
@@ -100,6 +101,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
     if meta:
         head += f"  {meta}"
     out.append(_c(head, bold=True))
+    out += [_c(ln, bold=True) for ln in verdict_lines(d, acted)]
     state = " ".join(x for x in (job.get("state"), job.get("exit_code") and
                                  f"exit {job['exit_code']}") if x)
     nodes = job.get("nodes") or []
