@@ -59,7 +59,7 @@ Examples:
 @click.version_option(__version__, prog_name="sattrib")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path),
-              help="Config file (default /etc/sattrib/sattrib.toml, or $SATTRIB_CONFIG).")
+              help="Config file (else $SATTRIB_CONFIG, else /etc/sattrib/sattrib.toml).")
 @click.pass_context
 def main(ctx, debug, config_path):
     """Slurm-native fault attribution for distributed GPU jobs.
@@ -69,6 +69,24 @@ def main(ctx, debug, config_path):
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     ctx.obj["config"] = config_path
+    _check_config(config_path)
+
+
+def _check_config(explicit) -> None:
+    """Every command stops at a broken config with the same one line (TOML syntax, unknown
+    key, bad value, an explicit --config that is not there) rather than quietly reading the
+    defaults. Without a config file or SATTRIB_* settings there is nothing to check, and
+    `sattrib JOBID` does not pay for importing the settings model."""
+    import os
+    from .paths import config_path
+    if explicit and not explicit.is_file():
+        raise UserError(f"no config file at {explicit}",
+                        "give the path of an existing file, or leave out --config to read "
+                        "$SATTRIB_CONFIG or /etc/sattrib/sattrib.toml")
+    if config_path(explicit).is_file() or any(
+            k.startswith("SATTRIB_") and k != "SATTRIB_CONFIG" for k in os.environ):
+        from .config import load
+        load(path=explicit)
 
 
 def _emit(d, as_json: bool):
