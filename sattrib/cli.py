@@ -314,7 +314,7 @@ def verdict(ctx, job_id, as_json, cluster, restart, database):
 
 @main.command("list", epilog="""\b
 Examples:
-  sattrib list                              failed jobs diagnosed since midnight
+  sattrib list                              failed jobs that ended since midnight
   sattrib list -S 7d --infra                the machine's faults of the last week
   sattrib list -S 2026-11-01 --node gpu-a017
   sattrib list --category nvlink --json
@@ -351,8 +351,8 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no diagnosed failures since {since}" + (f" until {until}" if until else ""),
-                   err=True)
+        click.echo(f"no diagnosed failures of jobs that ended since {since}"
+                   + (f" until {until}" if until else ""), err=True)
         return
     table = [("ENDED (UTC)", "JOBID", "USER", "PARTITION", "STATE", "OUTCOME", "CATEGORY",
               "CULPRIT", "ACTION")]
@@ -395,11 +395,11 @@ def _table(table: list, parsable: bool) -> None:
 
 @main.command(epilog="""\b
 Examples:
-  sattrib hotspots                 nodes with the most machine faults, last 30 days
+  sattrib hotspots                 nodes with the most machine faults, jobs ended in 30 days
   sattrib hotspots --gpu -S 90d    GPUs (node + PCI address), last 90 days
 """)
 @click.option("-S", "--since", default="30d", show_default=True,
-              help="Since: today, 7d, 30d, or a local date/time.")
+              help="Jobs that ended since: today, 7d, 30d, or a local date/time.")
 @click.option("--gpu", is_flag=True, help="Rank GPUs instead of nodes.")
 @click.option("--cluster", help="Only this cluster.")
 @click.option("--limit", type=int, default=20, show_default=True)
@@ -420,10 +420,10 @@ def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no machine faults since {since}", err=True)
+        click.echo(f"no machine faults in jobs that ended since {since}", err=True)
         return
-    head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST (UTC)") if gpu else \
-        ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST (UTC)")
+    head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST ENDED (UTC)") if gpu else \
+        ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST ENDED (UTC)")
     table = [head]
     for r in rows:
         last = (r["last"] or "")[:19].replace("T", " ")
@@ -759,12 +759,14 @@ def demo(ctx, as_json, keep, no_store, database):
     Writes the evidence folder, analyses it, stores the diagnosis (so `sattrib 1001` shows it)
     and prints it."""
     import tempfile
+    from datetime import datetime, timezone
     from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
     from .demo import JOB_ID, write_demo
     st = _settings(ctx, database=database).settings
     rules = load_rules()
     with tempfile.TemporaryDirectory(prefix="sattrib-demo-") as tmp:
-        folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}")
+        # The job ends now: `sattrib list` (jobs that ended today) shows it at once.
+        folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}", end=datetime.now(timezone.utc))
         d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
                               limits=reader_limits(st))
     if not no_store:

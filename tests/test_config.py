@@ -80,7 +80,8 @@ def test_every_command_stops_at_a_broken_config(tmp_path, command, problem):
 def test_every_command_refuses_a_config_flag_naming_no_file(tmp_path, command):
     r = _cli("--config", str(tmp_path / "nope.toml"), *command)
     assert r.exit_code == 1
-    assert r.output.splitlines() == [f"sattrib: error: no config file at {tmp_path / 'nope.toml'}",
+    nope = tmp_path / "nope.toml"
+    assert r.output.splitlines() == [f"sattrib: error: no config file at {nope}",
                                      "hint: give the path of an existing file, or leave out "
                                      "--config to read $SATTRIB_CONFIG or /etc/sattrib/sattrib.toml"]
 
