@@ -205,7 +205,9 @@ def _record(rec) -> tuple[RawHit, list]:
         if (isinstance(f, dict) and isinstance(f.get("file"), str) and type(f.get("line")) is int
                 and isinstance(f.get("function"), str)) and len(frames) < 8:
             frames.append({"file": f["file"][:4096], "line": f["line"],
-                           "function": f["function"][:1024]})
+                           "function": f["function"][:1024],
+                           **({"exception": f["exception"][:1024]}
+                              if isinstance(f.get("exception"), str) else {})})
     return h, frames
 
 

@@ -244,6 +244,9 @@ class Frame(_Out):
     file: str
     line: int
     function: str
+    # the innermost frame: the innermost exception line, when the error line re-raised it
+    # (a DataLoader worker's, a chained cause); the user's text, shown where evidence is
+    exception: Optional[str] = None
 
 
 @_out

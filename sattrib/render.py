@@ -133,6 +133,8 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
             label = "in your code:" if i == 0 else "called from: "
             out.append(f"  {label} " + _c(f"{f['file']}:{f['line']}", bold=i == 0) +
                        f" in {f['function']}")
+            if f.get("exception"):
+                out.append(f"  raised:       {_short(f['exception'])}")
         if (c.get("trust") == "job_output"
                 and blame_of(c["category"], c.get("blame")) == Blame.machine):
             out.append("  evidence: the job's own output only (no kernel, GPU or scheduler record)")
