@@ -341,6 +341,8 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
              cluster, limit, parsable, as_json, database):
     """Diagnosed failures, newest first, like `sacct -S today --state=FAILED` (admins)."""
     from .lookup import list_failures, parse_since
+    if category:
+        _check_category(category)
     conn, db_path = _admin_db(ctx, database, "the list")
     since, until = parse_since(since), parse_since(until) if until else None
     rows = list_failures(conn, db_path, since, until, cluster=cluster, user=user,
@@ -365,6 +367,18 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
                       r["partition"] or "-", r["job_state"] or "-", r["outcome"],
                       r["category"] or "-", culprit, r["action_code"] or "-"))
     _table(table, parsable)
+
+
+def _check_category(category: str) -> None:
+    """A typo'd category is one line naming the valid ones, not an empty list."""
+    import difflib
+    from .engine.taxonomy import Category
+    known = [c.value for c in Category]
+    if category not in known:
+        near = difflib.get_close_matches(category.replace("-", "_").lower(), known, 1)
+        raise UserError(f"unknown category {category!r}",
+                        (f"did you mean {near[0]}? " if near else "") + "one of: "
+                        + ", ".join(known))
 
 
 def _admin_db(ctx, database, what: str):
