@@ -150,7 +150,7 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
                   limit: int = 100) -> list[dict]:
     """Diagnosed runs whose job ended (or, without an end, was diagnosed) in [since, until),
     newest first."""
-    when = "ended_at"                                   # store.m012_ended_at
+    when = "ended_at"                                   # store.m013_ended_at
     where, args = [f"{when} >= ?"], [since]
     if until:
         where.append(f"{when} < ?")
@@ -185,7 +185,7 @@ def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = F
         where.append("cluster = ?")
         args.append(cluster)
     if gpu:
-        where.append("culprit_gpu IS NOT NULL AND family IN ('gpu', 'nvlink')")
+        where.append("culprit_gpu IS NOT NULL AND gpu_fault = 1")   # store.cause_columns
         sql = ("SELECT culprit_node AS node, culprit_gpu AS gpu, count(*) AS failures, "
                "group_concat(DISTINCT category) AS categories, max(ended_at) AS last "
                f"FROM diagnoses WHERE {' AND '.join(where)} GROUP BY culprit_node, culprit_gpu "
