@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .frames import frames_at, frames_before, lines_up_to
+from .frames import frames_at, innermost, lines_around, with_exception
 from .reader import Limits, RawHit, SkipFile, open_regular, open_under, read_head
 
 FORMAT = "sattrib-lines/1"
@@ -194,7 +194,9 @@ def _record(rec) -> tuple[RawHit, list]:
         if (isinstance(f, dict) and isinstance(f.get("file"), str) and type(f.get("line")) is int
                 and isinstance(f.get("function"), str)) and len(frames) < 8:
             frames.append({"file": f["file"][:4096], "line": f["line"],
-                           "function": f["function"][:1024]})
+                           "function": f["function"][:1024],
+                           **({"exception": f["exception"][:1024]}
+                              if isinstance(f.get("exception"), str) else {})})
     return h, frames
 
 
@@ -228,8 +230,10 @@ def _shipped(folder: Path, path: str, line: Optional[int], offset: Optional[int]
 
 def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[int],
                 owner: Optional[int] = None) -> list[dict]:
-    """The user's innermost frames above the error line at `path` (relative to `folder`): read
-    back from the file, or, where a node shipped its extract instead, from the extract.
+    """The user's frames of the innermost traceback behind the error line at `path` (relative
+    to `folder`), the first one with the innermost exception line (`exception`) when that is
+    not the error line itself: read back from the file, or, where a node shipped its extract
+    instead, from the extract.
     Nothing when the file cannot be read safely or holds no Python traceback there."""
     if not path or ".." in Path(path).parts:
         return []
@@ -241,7 +245,8 @@ def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[i
     try:
         if os.pread(fd, 2, 0) == b"\x1f\x8b":
             return []                      # compressed: a traceback there is not read back
-        return frames_before(lines_up_to(lambda n, off: os.pread(fd, n, off), line, offset))
+        return with_exception(*innermost(*lines_around(lambda n, off: os.pread(fd, n, off),
+                                                       line, offset)))
     except OSError:
         return []
     finally:

@@ -12,7 +12,8 @@ from .lineparse import iso_utc
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Metric,
                      SourceState, Symptom)
 from .taxonomy import TRUST, Action, Outcome, Role, Source, Tag
-from .verdict import cause_action, cause_blame, cause_trust, contradicted_by, rank_list
+from .verdict import (cause_action, cause_blame, cause_trust, contradicted_by, job_blame,
+                      rank_list)
 from .xid import meaning as xid_meaning
 
 MAX_EVIDENCE_PER_GROUP = 3
@@ -164,7 +165,8 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
                       "timestamps of the candidates overlap at their resolution; the order "
                       "between them is unknown")
     return Diagnosis(
-        job_id=job.job_id, restart=job.restart, outcome=outcome, root_cause=root,
+        job_id=job.job_id, restart=job.restart, outcome=outcome,
+        blame=job_blame(outcome.value, [root] if root else cands), root_cause=root,
         candidates=cands, possible=maybe if outcome == Outcome.unattributed else [],
         affected_nodes=affected, symptoms=symptoms, evidence=evidence,
         completeness=completeness, action=action, action_code=action_code,

@@ -259,6 +259,9 @@ class Frame(_Out):
     file: str
     line: int
     function: str
+    # the innermost frame: the innermost exception line, when the error line re-raised it
+    # (a DataLoader worker's, a chained cause); the user's text, shown where evidence is
+    exception: Optional[str] = None
 
 
 @_out
@@ -344,6 +347,8 @@ class Diagnosis(_Out):
     job_id: Optional[str]
     restart: int = 0
     outcome: Outcome
+    # Whose fault the job's failure is (verdict.job_blame): a Blame value, or "unknown"
+    blame: str = "unknown"
     root_cause: Optional[Cause]
     candidates: list[Cause]
     # unattributed: causes the evidence points at without proving them (their lines only

@@ -25,6 +25,16 @@ def cause_blame(inc: Incident) -> Blame:
     return BLAME[inc.category]
 
 
+def job_blame(outcome, causes: list) -> str:
+    """Whose fault the failed job is, as one word a job script or retry wrapper can act on: the
+    root cause's blame; for an ambiguous diagnosis the candidates' blame when they all share
+    it; else `unknown` (nothing proven, or causes that disagree)."""
+    blames = {c.blame for c in causes}
+    if outcome != "unattributed" and len(blames) == 1:
+        return blames.pop().value
+    return "unknown"
+
+
 def contradicted_by(inc: Incident, events: list[Event]) -> Optional[str]:
     """A second source on the culprit's node that says otherwise, in one line, or None.
 

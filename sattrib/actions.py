@@ -300,25 +300,58 @@ def _spends_budget(conn, node: str, reason: str) -> bool:
 
 
 def requeue_around(d: dict, st, now: float) -> Optional[dict]:
-    """For a run Slurm requeued, in a partition that opted in: the culprit joins the job's
-    excluded nodes before the next run starts. (Slurm 22.05's `scontrol update` takes no
-    `ExcNodeList+=`: the list is read, extended and set.)"""
+    """The culprit of a machine's fault kept out of the job's next run, in a partition that
+    opted in: for a run Slurm requeued itself (`requeue_exclude_partitions`), it joins the
+    job's excluded nodes before the next run starts; for a run that ended failed
+    (`requeue_partitions`), sattrib requeues the job itself with the culprit excluded, at most
+    `requeue_max_restarts` times. (Slurm 22.05's `scontrol update` takes no `ExcNodeList+=`:
+    the list is read, extended and set.)"""
     root = d.get("root_cause")
-    partition = (d.get("job") or {}).get("partition") or ""
-    if (partition.split(",")[0] not in st.requeue_exclude_partitions
-            or d.get("outcome") != "attributed" or not _machine_fault(root)):
+    partition = ((d.get("job") or {}).get("partition") or "").split(",")[0]
+    exclude, requeue = (partition in st.requeue_exclude_partitions,
+                        partition in st.requeue_partitions)
+    if (not (exclude or requeue) or d.get("outcome") != "attributed"
+            or not _machine_fault(root)):
         return None
-    node, job_id = root["node"], d.get("job_id")
-    r = _scontrol(["show", "job", str(job_id)], st.action_timeout_s)
-    if not r.ok:
+    job = _settled_job(str(d.get("job_id")), st)
+    if job is None:
         return None
-    from .collectors.slurm_state import parse_kv
-    job = parse_kv(r.out.decode("utf-8", "replace"), str(job_id))   # no state if ambiguous
+    run = int(d.get("restart") or 0)
     restarts = int(job.get("Restarts") or 0) if (job.get("Restarts") or "").isdigit() else 0
-    if job.get("JobState") not in ("PENDING", "REQUEUED") or restarts <= int(d.get("restart") or 0):
-        return None                       # Slurm does not run this job again
+    if job.get("JobState") in ("PENDING", "REQUEUED") and restarts > run:
+        return _exclude(d, job, st, now) if exclude else None
+    if requeue and restarts == run and job.get("JobState") in FAILED_STATES:
+        return _requeue(d, job, restarts, st, now)
+    return None                           # Slurm does not run this job again
+
+
+# Final states of a run that failed (not completed, cancelled, timed out or preempted).
+FAILED_STATES = ("FAILED", "NODE_FAIL", "BOOT_FAIL")
+
+
+def _settled_job(job_id: str, st) -> Optional[dict]:
+    """`scontrol show job` of the job once it has finished completing (its epilogs ran), or
+    None when Slurm cannot say within `action_timeout_s`."""
+    from .collectors.slurm_state import parse_kv
+    end = time.monotonic() + st.action_timeout_s
+    while True:
+        r = _scontrol(["show", "job", job_id], st.action_timeout_s)
+        if not r.ok:
+            return None
+        job = parse_kv(r.out.decode("utf-8", "replace"), job_id)   # no state if ambiguous
+        if job.get("JobState") != "COMPLETING" or time.monotonic() > end:
+            return job
+        time.sleep(0.5)
+
+
+def _excluded(job: dict, node: str) -> tuple[list, str]:
     exc = [n for n in expand(job.get("ExcNodeList") or "") if n and n != "(null)"]
-    new = compress(sorted(set(exc) | {node}))
+    return exc, compress(sorted(set(exc) | {node}))
+
+
+def _exclude(d: dict, job: dict, st, now: float) -> dict:
+    node, job_id = d["root_cause"]["node"], d.get("job_id")
+    exc, new = _excluded(job, node)
     shown = f"scontrol update JobId={job_id} ExcNodeList={new}"
     row = {"kind": "requeue", "node": node, "command": shown, "created_at": _iso(now)}
     if node in exc:
@@ -327,6 +360,34 @@ def requeue_around(d: dict, st, now: float) -> Optional[dict]:
     if not r.ok:
         return dict(row, decision="failed", detail=f"scontrol update failed: {_err(r)}")
     return dict(row, decision="taken", detail=f"the next run of job {job_id} excludes {node}")
+
+
+def _requeue(d: dict, job: dict, restarts: int, st, now: float) -> dict:
+    """Requeue held, exclude the culprit, release: the job cannot start again on the culprit
+    in between."""
+    root, job_id = d["root_cause"], d.get("job_id")
+    node = root["node"]
+    _, new = _excluded(job, node)
+    cmds = [["requeuehold", str(job_id)], ["update", f"JobId={job_id}", f"ExcNodeList={new}"],
+            ["release", str(job_id)]]
+    row = {"kind": "requeue", "node": node, "created_at": _iso(now),
+           "command": "; ".join("scontrol " + " ".join(c) for c in cmds)}
+    if root.get("contradicted_by"):
+        return dict(row, decision="held", detail=f"{root['contradicted_by']}: not requeued")
+    if restarts >= st.requeue_max_restarts:
+        return dict(row, decision="refused", detail=f"job {job_id} ran {restarts + 1} times "
+                    f"(requeue_max_restarts = {st.requeue_max_restarts})")
+    r = _scontrol(cmds[0], st.action_timeout_s)
+    if not r.ok:
+        return dict(row, decision="failed", detail=f"scontrol requeuehold failed: {_err(r)}")
+    excluded = _scontrol(cmds[1], st.action_timeout_s)
+    released = _scontrol(cmds[2], st.action_timeout_s)
+    if not excluded.ok or not released.ok:
+        return dict(row, decision="failed", detail="requeued, but scontrol "
+                    + ("update" if not excluded.ok else "release") + " failed: "
+                    + _err(excluded if not excluded.ok else released))
+    return dict(row, decision="taken", detail=f"requeued job {job_id} (run {restarts + 2}), "
+                f"excluding {node}")
 
 
 # -- notifications --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Composition: read an evidence folder with the collectors, run the pipeline on it."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Optional
@@ -116,7 +117,20 @@ def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
             frames = user_frames(path, e.path, e.line, e.offset, owner)
             if frames:
                 c.user_frames = [Frame(**f) for f in frames]
+                c.summary = _with_type(c.summary, frames[0].get("exception"))
                 break
+
+
+def _with_type(summary: str, exception: Optional[str]) -> str:
+    """The summary naming the innermost exception's type (never its message: the summary is
+    public), when the error line that re-raised it named another."""
+    from .collectors.frames import EXCEPTION
+    from .engine.public import fits
+    m = EXCEPTION.search(exception or "")
+    kind = m["type"] if m else None
+    if not kind or not fits("identifier", kind) or re.search(rf"\b{re.escape(kind)}\b", summary):
+        return summary
+    return f"{summary} (innermost: {kind})"
 
 
 def reading_summary(bundle) -> str:

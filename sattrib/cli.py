@@ -59,7 +59,7 @@ Examples:
 @click.version_option(__version__, prog_name="sattrib")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path),
-              help="Config file (default /etc/sattrib/sattrib.toml, or $SATTRIB_CONFIG).")
+              help="Config file (else $SATTRIB_CONFIG, else /etc/sattrib/sattrib.toml).")
 @click.pass_context
 def main(ctx, debug, config_path):
     """Slurm-native fault attribution for distributed GPU jobs.
@@ -69,6 +69,24 @@ def main(ctx, debug, config_path):
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     ctx.obj["config"] = config_path
+    _check_config(config_path)
+
+
+def _check_config(explicit) -> None:
+    """Every command stops at a broken config with the same one line (TOML syntax, unknown
+    key, bad value, an explicit --config that is not there) rather than quietly reading the
+    defaults. Without a config file or SATTRIB_* settings there is nothing to check, and
+    `sattrib JOBID` does not pay for importing the settings model."""
+    import os
+    from .paths import config_path
+    if explicit and not explicit.is_file():
+        raise UserError(f"no config file at {explicit}",
+                        "give the path of an existing file, or leave out --config to read "
+                        "$SATTRIB_CONFIG or /etc/sattrib/sattrib.toml")
+    if config_path(explicit).is_file() or any(
+            k.startswith("SATTRIB_") and k != "SATTRIB_CONFIG" for k in os.environ):
+        from .config import load
+        load(path=explicit)
 
 
 def _emit(d, as_json: bool):
@@ -176,7 +194,45 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     Where the diagnoses database cannot be read (a login node has none) or does not know the
     job, and `server_url` is set (/etc/sattrib/sattrib.toml or SATTRIB_SERVER_URL), the
     controller's dashboard answers (after the user's own bundle, when readable), shown the
-    same way; its evidence lines only if the dashboard shows them to everyone."""
+    same way; its evidence lines only if the dashboard shows them to everyone, or to you for
+    your own job (a MUNGE credential says who asks)."""
+    job_id, rows, dashboard = _runs(ctx, job_id, cluster, restart, database)
+    shown = rows if all_runs else rows[-1:]
+    if dashboard:
+        for r in shown:
+            r.update(dashboard.diagnosis(job_id, r))
+        if dashboard.no_munge and any(r.get("withheld") for r in shown):
+            click.echo(f"sattrib: note: no MUNGE credential ({dashboard.no_munge}): the "
+                       "dashboard shows your own job's evidence lines only to a caller it "
+                       "knows", err=True)
+    if as_json:
+        import json
+        # What was done about it (drain, requeue, notifications, a repeat-offender
+        # escalation) is recorded beside the diagnosis: added as fields, never changed in it;
+        # so is the dashboard's word that it left out the evidence lines.
+        docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
+                     escalation=r.get("escalation"),
+                     **({"evidence_text": "withheld"} if r.get("withheld") else {}))
+                for r in shown]
+        click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
+        return
+    from .render import render
+    for i, r in enumerate(shown):
+        if i:
+            click.echo()
+        n = rows.index(r) + 1
+        click.echo(render(r["diagnosis"], cluster=r["cluster"],
+                          run=(n, len(rows)) if len(rows) > 1 else None,
+                          acted={"actions": r.get("actions") or [],
+                                 "escalation": r.get("escalation")}))
+    if len(rows) > 1 and not all_runs:
+        click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
+                   "one of them)", err=True)
+
+
+def _runs(ctx, job_id: str, cluster, restart, database) -> tuple[str, list, object]:
+    """(the job id, its stored runs in order, the dashboard that answered or None): from the
+    database, else the user's own bundle, else the controller's dashboard (`server_url`)."""
     import os
     import re
     from . import paths
@@ -217,42 +273,54 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
         raise UserError(f"job {job_id} is known to clusters {', '.join(clusters)}",
                         f"pick one: sattrib {job_id} --cluster {clusters[0]}")
     rows.sort(key=lambda r: r["restart"])
-    shown = rows if all_runs else rows[-1:]
+    return job_id, rows, dashboard
+
+
+
+@main.command(epilog="""\b
+Exit status (one per blame, for job scripts and retry wrappers):
+  10 machine            a GPU, link, port or node failed: resubmit, avoiding the culprit
+  11 site_environment   a shared filesystem or network setting: resubmit once it is fixed
+  12 scheduler          time limit, preemption or scancel
+  13 workload           the job's own error: fix it before resubmitting
+  14 unknown            nothing proven, or causes that disagree
+   1                    no diagnosis (or another error)
+\b
+Examples:
+  sattrib verdict 4417902
+  sattrib verdict 4417902 --json      (blame, status, the node to exclude, time lost)
+  sattrib verdict "$SLURM_JOB_ID"; [ $? -eq 10 ] && sbatch --exclude=... job.sh
+""")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+@click.option("--cluster", help="Only this cluster's diagnosis.")
+@click.option("--restart", type=int, help="Which run of a requeued job (default: the last).")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def verdict(ctx, job_id, as_json, cluster, restart, database):
+    """Whose fault a failed job was, in one sentence, and as the exit status: was it your
+    code, can you resubmit and which node to avoid, how much time was lost."""
+    from . import verdict as v
+    job_id, rows, dashboard = _runs(ctx, job_id, cluster, restart, database)
+    r = rows[-1]
     if dashboard:
-        for r in shown:
-            r.update(dashboard.diagnosis(job_id, r))
-        if dashboard.no_munge and any(r.get("withheld") for r in shown):
-            click.echo(f"sattrib: note: no MUNGE credential ({dashboard.no_munge}): the "
-                       "dashboard shows your own job's evidence lines only to a caller it "
-                       "knows", err=True)
+        r.update(dashboard.diagnosis(job_id, r))
+    d, acted = r["diagnosis"], {"actions": r.get("actions") or []}
+    blame = v.job_blame(d)
     if as_json:
         import json
-        # What was done about it (drain, requeue, notifications, a repeat-offender
-        # escalation) is recorded beside the diagnosis: added as fields, never changed in it;
-        # so is the dashboard's word that it left out the evidence lines.
-        docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
-                     escalation=r.get("escalation"),
-                     **({"evidence_text": "withheld"} if r.get("withheld") else {}))
-                for r in shown]
-        click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
-        return
-    from .render import render
-    for i, r in enumerate(shown):
-        if i:
-            click.echo()
-        n = rows.index(r) + 1
-        click.echo(render(r["diagnosis"], cluster=r["cluster"],
-                          run=(n, len(rows)) if len(rows) > 1 else None,
-                          acted={"actions": r.get("actions") or [],
-                                 "escalation": r.get("escalation")}))
-    if len(rows) > 1 and not all_runs:
-        click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
-                   "one of them)", err=True)
-
+        click.echo(json.dumps({
+            "job_id": job_id, "restart": r["restart"], "blame": blame, "status": v.EXIT[blame],
+            "exclude": v.exclude(d),
+            "lost_s": v.lost_seconds(d), "verdict": v.sentence(d, acted)}, indent=2))
+    else:
+        from .escape import visible
+        click.echo("\n".join(visible(ln) for ln in v.lines(d, acted)))
+    ctx.exit(v.EXIT[blame])
 
 @main.command("list", epilog="""\b
 Examples:
-  sattrib list                              failed jobs diagnosed since midnight
+  sattrib list                              failed jobs that ended since midnight
   sattrib list -S 7d --infra                the machine's faults of the last week
   sattrib list -S 2026-11-01 --node gpu-a017
   sattrib list --category nvlink --json
@@ -279,6 +347,8 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
              cluster, limit, parsable, as_json, database):
     """Diagnosed failures, newest first, like `sacct -S today --state=FAILED` (admins)."""
     from .lookup import list_failures, parse_since
+    if category:
+        _check_category(category)
     conn, db_path = _admin_db(ctx, database, "the list")
     since, until = parse_since(since), parse_since(until) if until else None
     rows = list_failures(conn, db_path, since, until, cluster=cluster, user=user,
@@ -289,8 +359,8 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no diagnosed failures since {since}" + (f" until {until}" if until else ""),
-                   err=True)
+        click.echo(f"no diagnosed failures of jobs that ended since {since}"
+                   + (f" until {until}" if until else ""), err=True)
         return
     table = [("ENDED (UTC)", "JOBID", "USER", "PARTITION", "STATE", "OUTCOME", "CATEGORY",
               "CULPRIT", "ACTION")]
@@ -303,6 +373,18 @@ def list_cmd(ctx, since, until, user, partition, category, node, outcome, state,
                       r["partition"] or "-", r["job_state"] or "-", r["outcome"],
                       r["category"] or "-", culprit, r["action_code"] or "-"))
     _table(table, parsable)
+
+
+def _check_category(category: str) -> None:
+    """A typo'd category is one line naming the valid ones, not an empty list."""
+    import difflib
+    from .engine.taxonomy import Category
+    known = [c.value for c in Category]
+    if category not in known:
+        near = difflib.get_close_matches(category.replace("-", "_").lower(), known, 1)
+        raise UserError(f"unknown category {category!r}",
+                        (f"did you mean {near[0]}? " if near else "") + "one of: "
+                        + ", ".join(known))
 
 
 def _admin_db(ctx, database, what: str):
@@ -333,11 +415,11 @@ def _table(table: list, parsable: bool) -> None:
 
 @main.command(epilog="""\b
 Examples:
-  sattrib hotspots                 nodes with the most machine faults, last 30 days
+  sattrib hotspots                 nodes with the most machine faults, jobs ended in 30 days
   sattrib hotspots --gpu -S 90d    GPUs (node + PCI address), last 90 days
 """)
 @click.option("-S", "--since", default="30d", show_default=True,
-              help="Since: today, 7d, 30d, or a local date/time.")
+              help="Jobs that ended since: today, 7d, 30d, or a local date/time.")
 @click.option("--gpu", is_flag=True, help="Rank GPUs instead of nodes.")
 @click.option("--cluster", help="Only this cluster.")
 @click.option("--limit", type=int, default=20, show_default=True)
@@ -358,10 +440,10 @@ def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no machine faults since {since}", err=True)
+        click.echo(f"no machine faults in jobs that ended since {since}", err=True)
         return
-    head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST (UTC)") if gpu else \
-        ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST (UTC)")
+    head = ("NODE", "GPU", "FAILURES", "CATEGORIES", "LAST ENDED (UTC)") if gpu else \
+        ("NODE", "FAILURES", "GPUS", "CATEGORIES", "LAST ENDED (UTC)")
     table = [head]
     for r in rows:
         last = (r["last"] or "")[:19].replace("T", " ")
@@ -697,12 +779,14 @@ def demo(ctx, as_json, keep, no_store, database):
     Writes the evidence folder, analyses it, stores the diagnosis (so `sattrib 1001` shows it)
     and prints it."""
     import tempfile
+    from datetime import datetime, timezone
     from .analysis import analysis_settings, analyze_folder, load_rules, reader_limits
     from .demo import JOB_ID, write_demo
     st = _settings(ctx, database=database).settings
     rules = load_rules()
     with tempfile.TemporaryDirectory(prefix="sattrib-demo-") as tmp:
-        folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}")
+        # The job ends now: `sattrib list` (jobs that ended today) shows it at once.
+        folder = write_demo(keep or Path(tmp) / f"job-{JOB_ID}", end=datetime.now(timezone.utc))
         d, _ = analyze_folder(folder, settings=analysis_settings(st), rules=rules,
                               limits=reader_limits(st))
     if not no_store:

@@ -109,6 +109,8 @@ class Settings:
     repeat_threshold: int = Field(3, ge=2)
     repeat_window_days: float = Field(7.0, gt=0)
     requeue_exclude_partitions: list[str] = Field(default_factory=list)
+    requeue_partitions: list[str] = Field(default_factory=list)
+    requeue_max_restarts: int = Field(1, ge=0)
     notify_url: str = ""                       # webhook; empty: none
     notify_timeout_s: float = Field(5.0, gt=0)
     notify_retries: int = Field(2, ge=0, le=5)

@@ -150,7 +150,7 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
                   limit: int = 100) -> list[dict]:
     """Diagnosed runs whose job ended (or, without an end, was diagnosed) in [since, until),
     newest first."""
-    when = "COALESCE(job_end, created_at)"
+    when = "ended_at"                                   # store.m013_ended_at
     where, args = [f"{when} >= ?"], [since]
     if until:
         where.append(f"{when} < ?")
@@ -177,9 +177,9 @@ def list_failures(conn: sqlite3.Connection, path: Path, since: str, until: Optio
 def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = False,
                  cluster=None, limit: int = 20) -> list[dict]:
     """Culprits of the machine's faults (blamed on the machine, on evidence the job did not
-    write) since `since`, most often first (the dashboard's hotspot pages, on the command
-    line)."""
-    where = ["created_at >= ?", "outcome = 'attributed'", "machine_fault = 1"]
+    write) in jobs that ended since `since`, most often first (the dashboard's hotspot pages,
+    on the command line)."""
+    where = ["ended_at >= ?", "outcome = 'attributed'", "machine_fault = 1"]
     args: list = [since]
     if cluster:
         where.append("cluster = ?")
@@ -187,13 +187,13 @@ def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = F
     if gpu:
         where.append("culprit_gpu IS NOT NULL AND gpu_fault = 1")   # store.cause_columns
         sql = ("SELECT culprit_node AS node, culprit_gpu AS gpu, count(*) AS failures, "
-               "group_concat(DISTINCT category) AS categories, max(created_at) AS last "
+               "group_concat(DISTINCT category) AS categories, max(ended_at) AS last "
                f"FROM diagnoses WHERE {' AND '.join(where)} GROUP BY culprit_node, culprit_gpu "
                "ORDER BY failures DESC, node, gpu LIMIT ?")
     else:
         where.append("culprit_node IS NOT NULL")
         sql = ("SELECT culprit_node AS node, count(*) AS failures, "
                "count(DISTINCT culprit_gpu) AS gpus, group_concat(DISTINCT category) AS "
-               f"categories, max(created_at) AS last FROM diagnoses WHERE {' AND '.join(where)}"
+               f"categories, max(ended_at) AS last FROM diagnoses WHERE {' AND '.join(where)}"
                " GROUP BY culprit_node ORDER BY failures DESC, node LIMIT ?")
     return _rows(conn, path, sql, args + [limit])

@@ -19,9 +19,10 @@ def default_database() -> str:
 
 
 def config_path(explicit: Optional[Path] = None, env=os.environ) -> Path:
-    if env.get("SATTRIB_CONFIG"):
-        return Path(env["SATTRIB_CONFIG"])
-    return explicit or SYSTEM_CONFIG
+    """The config file: --config > SATTRIB_CONFIG > /etc/sattrib/sattrib.toml."""
+    if explicit:
+        return Path(explicit)
+    return Path(env["SATTRIB_CONFIG"]) if env.get("SATTRIB_CONFIG") else SYSTEM_CONFIG
 
 
 def setting(key: str, flag: Optional[str] = None, config: Optional[Path] = None,

@@ -3,15 +3,20 @@ it, what else went wrong because of it, what is missing, what to do."""
 from __future__ import annotations
 
 import os
+import re
+import textwrap
 
 import click
 
 from .engine.hostlist import compress
 from .engine.taxonomy import INFRASTRUCTURE, Blame, Category, blame_of
 from .escape import visible_all
+from .verdict import lines as verdict_lines
 
 MAX_EVIDENCE_LINES = 8
 MAX_SYMPTOMS = 8
+WIDTH = 80                 # a terminal's columns: longer lines are wrapped, evidence cut
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _c(text: str, **style) -> str:
@@ -33,6 +38,26 @@ def _where(e: dict) -> str:
 def _short(text: str, n: int = 150) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _evidence(eid: str, e: dict) -> list[str]:
+    """`  e1 node-02/journal.log:6: <its text>`, the text cut to end a second line."""
+    head = f"  {_c(eid, dim=True)} {_where(e)}"
+    if "text" not in e:
+        return [head]
+    first = max(WIDTH - len(ANSI.sub("", head)) - 2, 0)
+    text = _short(e["text"], first + WIDTH - 4)
+    return [f"{head}: {text[:first]}".rstrip()] + ([f"    {text[first:]}"] if text[first:] else [])
+
+
+def _fit(line: str) -> list[str]:
+    """The line, wrapped at WIDTH columns under its own indentation (a file:line is never
+    broken)."""
+    if len(ANSI.sub("", line)) <= WIDTH:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip(" ")))
+    return textwrap.wrap(line, WIDTH, subsequent_indent=indent + "  ", break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 def _compress_sources(items: list) -> list:
@@ -76,8 +101,7 @@ def _stopped(loc: dict | None, ev: dict) -> list[str]:
     for eid in (loc.get("evidence") or [])[:MAX_EVIDENCE_LINES]:
         e = ev.get(eid)
         if e:
-            text = f": {_short(e['text'])}" if "text" in e else ""
-            out.append(f"  {_c(eid, dim=True)} {_where(e)}{text}")
+            out += _evidence(eid, e)
     return out
 
 
@@ -100,6 +124,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
     if meta:
         head += f"  {meta}"
     out.append(_c(head, bold=True))
+    out += [_c(ln, bold=True) for ln in verdict_lines(d, acted)]
     state = " ".join(x for x in (job.get("state"), job.get("exit_code") and
                                  f"exit {job['exit_code']}") if x)
     nodes = job.get("nodes") or []
@@ -111,7 +136,10 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
     if job.get("start"):
         line2.append(f"Ran: {job['start']} .. {job.get('end') or '?'}")
     if line2:
-        out.append("  ".join(line2))
+        ran = [x for x in line2 if x.startswith("Ran:")]
+        rest = [x for x in line2 if x not in ran]
+        wide = len("  ".join(line2)) > WIDTH and rest
+        out += ["  ".join(rest), *ran] if wide else ["  ".join(line2)]
 
     outcome = d["outcome"]
     colour = {"attributed": "red", "ambiguous": "yellow", "unattributed": "blue"}[outcome]
@@ -131,6 +159,8 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
             label = "in your code:" if i == 0 else "called from: "
             out.append(f"  {label} " + _c(f"{f['file']}:{f['line']}", bold=i == 0) +
                        f" in {f['function']}")
+            if f.get("exception"):
+                out.append(f"  raised:       {_short(f['exception'])}")
         if (c.get("trust") == "job_output"
                 and blame_of(c["category"], c.get("blame")) == Blame.machine):
             out.append("  evidence: the job's own output only (no kernel, GPU or scheduler record)")
@@ -140,8 +170,7 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
         for eid in shown:
             e = ev.get(eid)
             if e:
-                text = f": {_short(e['text'])}" if "text" in e else ""
-                out.append(f"  {_c(eid, dim=True)} {_where(e)}{text}")
+                out += _evidence(eid, e)
         more = len(c.get("evidence", [])) - len(shown)
         if more > 0:
             out.append(f"  ... {more} more evidence lines (--json shows all)")
@@ -185,4 +214,4 @@ def render(d: dict, cluster: str | None = None, run: tuple | None = None,
     if d.get("order_note"):
         out.append(_c(f"Order: {d['order_note']}", dim=True))
     out.append(_c(f"rules {d['rules_version']}  engine {d['engine_version']}", dim=True))
-    return "\n".join(out)
+    return "\n".join(x for line in out for x in _fit(line))

@@ -82,7 +82,10 @@ def datasette_argv(settings, db_path: Path, metadata_file: Path,
     return argv
 
 
-def prepare(settings, root: bool = False) -> tuple[list[str], Path]:
+def prepare(settings, root: bool = False, in_memory: bool = False) -> tuple[list[str], Path]:
+    """Datasette's command line and its metadata file: a file in a new temporary folder, for a
+    command printed to run later; `in_memory` (what `sattrib serve` runs): an anonymous file in
+    memory that the Datasette process inherits, so nothing is left on disk however it ends."""
     db_path = Path(os.path.expanduser(settings.database))
     if not db_path.is_file():
         raise UserError(f"no diagnoses database at {db_path}",
@@ -92,10 +95,16 @@ def prepare(settings, root: bool = False) -> tuple[list[str], Path]:
     except ImportError:
         raise UserError("Datasette is not installed",
                         "pip install 'sattrib[dashboard]' (Datasette 0.65)") from None
-    md = metadata(db_path, settings)
-    tmp = Path(tempfile.mkdtemp(prefix="sattrib-serve-")) / "metadata.json"
-    tmp.write_text(json.dumps(md, indent=1))
-    return datasette_argv(settings, db_path, tmp, root), tmp
+    text = json.dumps(metadata(db_path, settings), indent=1)
+    if in_memory:
+        fd = os.memfd_create("sattrib-metadata.json", 0)
+        os.write(fd, text.encode())
+        os.set_inheritable(fd, True)
+        path = Path(f"/proc/self/fd/{fd}")
+    else:
+        path = Path(tempfile.mkdtemp(prefix="sattrib-serve-")) / "metadata.json"
+        path.write_text(text)
+    return datasette_argv(settings, db_path, path, root), path
 
 
 def environment(settings) -> dict:
@@ -164,6 +173,6 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve(settings, root: bool = False) -> None:
-    argv, _ = prepare(settings, root)
+    argv, _ = prepare(settings, root, in_memory=True)
     check_port(settings.serve_host, settings.serve_port)
     os.execve(argv[0], argv, environment(settings))

@@ -360,6 +360,17 @@ def m012_fault(db: sqlite_utils.Database):
          for did, category, blame, trust in rows])
 
 
+@migrations()
+def m013_ended_at(db: sqlite_utils.Database):
+    """One time basis for every list, page and filter: when the job ended (its diagnosis time
+    for a run whose end is unknown), indexed, so "since" means the same everywhere and a
+    diagnosis made days later (a replay, a backlog) lands on the day its job failed."""
+    db["diagnoses"].add_column("ended_at", str)
+    db.execute("UPDATE diagnoses SET ended_at = COALESCE(job_end, created_at)")
+    db["diagnoses"].create_index(["ended_at", "id"])
+    db["diagnoses"].create_index(["culprit_node", "ended_at"])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -456,6 +467,7 @@ class Store:
                 old = conn.execute("SELECT created_at FROM diagnoses WHERE id = ?",
                                    [did]).fetchone()
                 row["created_at"] = old[0] if old else now
+                row["ended_at"] = row["job_end"] or row["created_at"]
                 for t in ("evidence", "candidates", "missing_evidence", "job_nodes",
                           "failed_probes"):
                     conn.execute(f"DELETE FROM {t} WHERE diagnosis_id = ?", [did])

@@ -263,6 +263,49 @@ def test_requeued_job_restarts_without_the_culprit(cluster, install, nodes, work
     assert "DRAIN" not in cluster.node_state("node01")
 
 
+def _fails_on_node01(cluster, nodes, work) -> int:
+    """A job that fails on node01 (where the kernel logged an Xid 79 and nvidia-smi lost the
+    GPU) and succeeds elsewhere."""
+    nodes.write_journals({"node01": [(time.time(), XID79)]})
+    nodes.lose_gpu("node01")
+    w = shlex.quote(str(work))
+    return cluster.sbatch(
+        f"#!/bin/sh\necho \"run on $SLURMD_NODENAME\" >> {w}/runs.$SLURM_JOB_ID\n"
+        "if [ \"$SLURMD_NODENAME\" = node01 ]; then\n"
+        "  echo 'CUDA error: unspecified launch failure' >&2; exit 1\nfi\nexit 0\n",
+        nodes=1, nodelist=None, requeue=True)
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_a_failed_job_is_requeued_without_the_culprit_when_its_partition_opts_in(
+        cluster, install, nodes, work):
+    install.configure(drain="off", requeue_partitions=["debug"], requeue_max_restarts=1)
+    jid = _fails_on_node01(cluster, nodes, work)
+    a = wait_actions(cluster, install, jid, "requeue")
+    assert (a["decision"], a["node"]) == ("taken", "node01"), a
+    info = cluster.wait_job(jid, {"COMPLETED"}, timeout=90)
+    runs = [r for r in (work / f"runs.{jid}").read_text().split("\n") if r]
+    assert runs[0] == "run on node01" and len(runs) == 2, runs
+    assert info["NodeList"] != "node01" and info["Restarts"] == "1", info
+    assert "node01" in info["ExcNodeList"], info
+    r = sattrib(cluster, install, "verdict", str(jid), "--restart", "0", check=False)
+    assert r.returncode == 10, r.stdout + r.stderr
+    assert "sattrib requeued the job without node01" in " ".join(r.stdout.split())
+
+
+@pytest.mark.slurm
+@timeout(240)
+def test_a_job_is_requeued_at_most_requeue_max_restarts_times(cluster, install, nodes, work):
+    install.configure(drain="off", requeue_partitions=["debug"], requeue_max_restarts=0)
+    jid = _fails_on_node01(cluster, nodes, work)
+    a = wait_actions(cluster, install, jid, "requeue")
+    assert (a["decision"], a["node"]) == ("refused", "node01"), a
+    assert "requeue_max_restarts = 0" in a["detail"]
+    info = cluster.wait_job(jid, {"FAILED"}, timeout=60)
+    assert info["Restarts"] == "0", info
+
+
 # -- what the job's user writes into its own record -------------------------------------------------
 
 def user_sbatch(cluster, job_user, *argv: str, cwd) -> int:
