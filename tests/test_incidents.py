@@ -6,6 +6,7 @@ real Slurm cluster: tests/integration/test_incidents_storm.py."""
 import json
 import os
 import textwrap
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from sattrib.store import open_store
 from helpers import Hook, folder
 
 DATA = Path(__file__).parent / "data" / "topology"
-T0 = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+T0 = time.time() // 60 * 60 - 3600            # an hour ago: every incident closed, all this week
 TOPOLOGY = "SwitchName=s1 Nodes=gn[01-04]\nSwitchName=s2 Nodes=gn[05-08]\nSwitchName=spine Switches=s[1-2]\n"
 LINK_DOWN = "mlx5_core 0000:17:00.0 ibp23s0: Link down"
 
@@ -315,12 +316,12 @@ def test_sattrib_incidents_lists_them(tmp_path, slurm):
     st = settings(tmp_path)
     burst(tmp_path, st, [(1001, "gn01", 10), (1002, "gn02", 12), (1003, "gn03", 14)],
           now=T0 + 60)
-    r = CliRunner().invoke(main, ["incidents", "-S", "2026-12-01", "--database", st.database])
+    r = CliRunner().invoke(main, ["incidents", "-S", "7d", "--database", st.database])
     assert r.exit_code == 0, r.output
     head, row = r.output.splitlines()
     assert head.split()[:4] == ["ID", "STATUS", "CLUSTER", "ELEMENT"]
     assert row.split()[:7] == ["1", "closed", "c1", "leaf", "switch", "s1", "3"]
-    rows = json.loads(CliRunner().invoke(main, ["incidents", "-S", "2026-12-01", "--json",
+    rows = json.loads(CliRunner().invoke(main, ["incidents", "-S", "7d", "--json",
                                                 "--database", st.database]).output)
     assert [(r["id"], r["summary"]) for r in rows] == [(1, "leaf switch s1, 3 jobs within 4 seconds")]
     r = CliRunner().invoke(main, ["incidents", "7", "--database", st.database])
