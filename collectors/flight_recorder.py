@@ -25,11 +25,13 @@ across ranks; the node's Epilog ships them (`ship`, FACTS_NAME) instead of the p
 from __future__ import annotations
 
 import gc
+import glob
 import io
 import json
 import os
 import pickle
 import re
+import resource
 import signal
 import time
 from collections import Counter
@@ -342,7 +344,6 @@ def _guard() -> None:
     if _guarded:
         return
     _guarded = True
-    import resource
     try:
         with open("/proc/self/statm") as f:
             size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -443,7 +444,6 @@ def ship(globs: list, job, cap: int, deadline: float, notes: list,
     from .slurm_job import expand_pattern, in_child
 
     def find(_):
-        import glob
         since = (job.start or 0) - 60          # written while the job ran (clocks a minute off)
         found = set()
         for g in globs:

@@ -141,6 +141,16 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
             winners, outcome = winners + alternatives[:3], Outcome.ambiguous
         else:
             possible, winners, outcome = winners, [], Outcome.unattributed
+            # A peer's network error that a rank's own crash may explain: that crash, when it
+            # came first, is as possible a cause and named first (the rank that died of a CUDA
+            # error before its peers saw their connections fail).
+            first = possible[0].first
+            if FAMILY[possible[0].category] == "network":
+                before = [c for c in crashes if c.source == Source.stderr
+                          and c.category is not None and precedes(c, first, st.clock_skew)]
+                if before:
+                    c = earliest(before, st.clock_skew)
+                    possible.insert(0, Incident(c.node, FAMILY[c.category], [c]))
 
     findings, suspects = progress_findings(events, links, job)
     located = localize(events, links, suspects, notes, job.num_tasks or 0)

@@ -11,6 +11,7 @@ import pickle
 import re
 import shutil
 import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -401,6 +402,28 @@ def test_a_dump_the_reader_gives_up_on_is_said_in_one_note(tmp_path, monkeypatch
     assert got[0] == {"rank": 3, "note": "not read: reading it took longer than 1 s or more "
                                          "than 1024 MiB"}
     assert got[1]["rank"] == 4 and got[1]["groups"]                 # the next one is read
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives up root for the job's user")
+def test_a_dump_is_read_as_the_jobs_user():
+    """As root (a node's Epilog), the reading child becomes the job's user before it opens the
+    dump and loads no module after that: the user may not be able to read the Python
+    installation, and a module loaded late would lose every dump (each read then as "too slow")."""
+    nobody = 65534
+    folder = Path(tempfile.mkdtemp(prefix="sattrib-fr-"))       # pytest's own are root's only
+    folder.chmod(0o755)
+    dump = folder / "nccl_trace_rank_4"
+    dump.write_bytes(pickle.dumps(stuck_at_5().dump(4), protocol=2))
+    os.chown(dump, nobody, nobody)
+    got = flight_recorder.read_all([str(dump)], nobody, flight_recorder.MAX_BYTES,
+                                   time.monotonic() + 30, as_user=(nobody, nobody))
+    assert got[0]["rank"] == 4 and got[0].get("groups"), got
+    dump.chmod(0o600)
+    os.chown(dump, 0, 0)                      # root's file: the job's user cannot open it
+    got = flight_recorder.read_all([str(dump)], None, flight_recorder.MAX_BYTES,
+                                   time.monotonic() + 30, as_user=(nobody, nobody))
+    shutil.rmtree(folder)
+    assert "groups" not in got[0] and "ermission" in got[0]["note"], got
 
 
 # -- the node's facts instead of its dumps --------------------------------------------------------

@@ -254,3 +254,19 @@ def test_two_failing_tasks_on_two_nodes_place_no_unranked_error(tmp_path, rules)
     assert cause(d) == ("attributed", "application_error", None)     # not a guess between two
     assert d.root_cause.rank is None
     assert d.root_cause.summary == "a rank raised IndexError"          # no "?", no message
+
+
+def test_a_rank_that_died_first_is_named_beside_its_peers_network_errors(tmp_path, rules):
+    # Rank 36 loses its GPU; 30 s later rank 44 on another node sees its peer's HCA stop
+    # answering. Neither line proves its cause, and the crash came first: both are possible,
+    # the crash first, and nothing is attributed to the node that only reported its peer.
+    d = run(tmp_path, {"logs/job.out": (
+        "36: [rank36]:[E1014 03:51:29.134902082 ProcessGroupNCCL.cpp:1601] [PG ID 0 PG GUID 0"
+        "(default_pg) Rank 36] Process group watchdog thread terminated with exception: CUDA "
+        "error: unknown error\n"
+        "44: gpu-a022:329330:329718 [4] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got "
+        "completion from peer 10.12.1.21<42663> with status=12 opcode=0 len=0 vendor err 129\n"),
+        "slurm/job.txt": ("JobId=1 JobName=t\n   JobState=FAILED Reason=NonZeroExitCode\n"
+                          "   NodeList=gpu-a[021-022]\n")}, rules)
+    assert d.outcome.value == "unattributed"
+    assert [c for c, _ in possible(d)] == ["gpu_hardware", "network_ib"]
