@@ -29,8 +29,8 @@ def work(q: Queue, st, slot: int) -> int:
     own (its memory goes with it; a job that kills its child costs one attempt, not the
     worker). Then let the slot go, decide what waited for the queue to empty and send the
     summary of held notifications if no other worker runs (the last to finish does), and look
-    once more: a job queued while all slots looked
-    busy is not left behind. Returns how many entries were taken."""
+    once more: a job queued while all slots looked busy is not left behind. Returns how many
+    entries were taken."""
     _set_name("sattrib-worker")
     q.set_slots(st.worker_concurrency)
     q.tidy()
