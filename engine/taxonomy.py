@@ -196,6 +196,27 @@ def machine_fault(blame, trust) -> bool:
     return Blame(blame) == Blame.machine and Trust(trust) != Trust.job_output
 
 
+# Families whose faults are a GPU's own (its board, memory, PCIe link, NVLink).
+GPU_FAMILIES = {"gpu", "nvlink"}
+
+
+def fault(blame, trust) -> str | None:
+    """Whose fault a root cause is, in the words the dashboard's node and GPU pages use (the
+    stored `fault` column): `infrastructure` for the machine's fault, `unconfirmed` when only
+    the job's output blames the machine, else its blame. None without a cause."""
+    if not blame:
+        return None
+    if trust and machine_fault(blame, trust):
+        return "infrastructure"
+    return "unconfirmed" if Blame(blame) == Blame.machine else Blame(blame).value
+
+
+def gpu_fault(category, blame, trust) -> bool:
+    """A fault of the GPU itself: the machine's fault in a GPU family. What GPU hotspots count
+    (the stored `gpu_fault` column)."""
+    return fault(blame, trust) == "infrastructure" and FAMILY[Category(category)] in GPU_FAMILIES
+
+
 class Outcome(str, Enum):
     attributed = "attributed"
     ambiguous = "ambiguous"

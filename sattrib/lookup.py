@@ -186,7 +186,7 @@ def hotspot_rows(conn: sqlite3.Connection, path: Path, since: str, gpu: bool = F
         where.append("cluster = ?")
         args.append(cluster)
     if gpu:
-        where.append("culprit_gpu IS NOT NULL AND family IN ('gpu', 'nvlink')")
+        where.append("culprit_gpu IS NOT NULL AND gpu_fault = 1")   # store.cause_columns
         sql = ("SELECT culprit_node AS node, culprit_gpu AS gpu, count(*) AS failures, "
                "group_concat(DISTINCT category) AS categories, max(created_at) AS last "
                f"FROM diagnoses WHERE {' AND '.join(where)} GROUP BY culprit_node, culprit_gpu "

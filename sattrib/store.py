@@ -275,13 +275,20 @@ def m009_blame(db: sqlite_utils.Database):
 
 
 def cause_columns(root: Optional[dict], action_code: Optional[str]) -> dict:
-    """The stored columns that say whose fault a root cause is (see m009_blame)."""
-    from .engine.taxonomy import blame_of, machine_fault, out_of_service
+    """The stored columns that say whose fault a root cause is (see m009_blame, m012_fault)."""
+    from .engine.taxonomy import blame_of, out_of_service
     blame = blame_of(root["category"], root.get("blame")).value if root else None
     trust = (root or {}).get("trust")
     return {"blame": blame, "trust": trust,
-            "machine_fault": int(bool(trust) and machine_fault(blame, trust)),
+            **fault_columns(root and root["category"], blame, trust),
             "out_of_service": int(out_of_service(action_code))}
+
+
+def fault_columns(category: Optional[str], blame: Optional[str], trust: Optional[str]) -> dict:
+    """machine_fault, fault and gpu_fault of a root cause, each decided by engine/taxonomy.py."""
+    from .engine.taxonomy import fault, gpu_fault, machine_fault
+    return {"machine_fault": int(bool(trust) and machine_fault(blame, trust)),
+            "fault": fault(blame, trust), "gpu_fault": int(gpu_fault(category, blame, trust))}
 
 
 def _trust_of(sources: Optional[str]) -> Optional[str]:
@@ -346,7 +353,23 @@ def m011_notify_groups(db: sqlite_utils.Database):
 
 
 @migrations()
-def m012_incidents(db: sqlite_utils.Database):
+def m012_fault(db: sqlite_utils.Database):
+    """Whose fault a root cause is in the dashboard's words (fault: infrastructure, unconfirmed,
+    workload, site_environment, scheduler) and whether it is the GPU's own (gpu_fault), written
+    from engine/taxonomy.py like machine_fault: the node and GPU pages and the hotspots read
+    them instead of deciding it in their SQL. Rows already stored are filled from their blame,
+    trust and category (m009)."""
+    db["diagnoses"].add_column("fault", str)
+    db["diagnoses"].add_column("gpu_fault", int)
+    rows = db.execute("select id, category, blame, trust from diagnoses").fetchall()
+    db.conn.executemany(
+        "update diagnoses set fault = :fault, gpu_fault = :gpu_fault where id = :id",
+        [dict(fault_columns(category, blame, trust), id=did)
+         for did, category, blame, trust in rows])
+
+
+@migrations()
+def m013_incidents(db: sqlite_utils.Database):
     """Cross-job incidents (sattrib.incidents): one switch, rack, PDU, chassis, NVLink domain
     or file system behind the failures of several jobs. `incidents` holds the element, the
     failures' span and the jobs behind it that ran on; `incident_jobs` the member diagnoses

@@ -18,8 +18,8 @@ from sattrib.config import Settings
 from sattrib.demo import write_demo
 from sattrib.engine.catalog import CatalogError, read_catalog
 from sattrib.engine.models import Diagnosis
-from sattrib.engine.taxonomy import (BLAME, LADDER, SERVICE, Action, Blame, Category,
-                                     ladder_rank, out_of_service)
+from sattrib.engine.taxonomy import (BLAME, LADDER, SERVICE, Action, Blame, Category, fault,
+                                     gpu_fault, ladder_rank, out_of_service)
 from sattrib.store import Store
 from test_actions import slurm  # noqa: F401  (the scontrol/sinfo stand-ins, a fixture)
 from test_dashboard import get
@@ -70,6 +70,22 @@ def test_every_category_has_a_blame_and_every_action_a_service():
     # A rank on the ladder is an action that takes the node out, and only such an action.
     assert all((s.rank > 0) == s.out_of_service for s in SERVICE.values())
     assert not out_of_service(None) and not out_of_service("no_such_action")
+
+
+def test_whose_fault_in_words_and_the_gpu_s_own_fault():
+    """The words the node and GPU pages use (stored as `fault`) and what GPU hotspots count
+    (`gpu_fault`), from blame and trust."""
+    assert fault("machine", "kernel") == "infrastructure"
+    assert fault("machine", "job_output") == "unconfirmed"
+    assert fault("machine", None) == "unconfirmed"
+    assert [fault(b, "kernel") for b in ("workload", "site_environment", "scheduler")] == \
+        ["workload", "site_environment", "scheduler"]
+    assert fault(None, None) is None
+    assert gpu_fault("gpu_memory_ecc", "machine", "kernel")
+    assert gpu_fault("nvlink", "machine", "node_telemetry")
+    assert not gpu_fault("network_ib", "machine", "kernel")
+    assert not gpu_fault("gpu_hardware", "machine", "job_output")
+    assert not gpu_fault("cuda_oom", "workload", "job_output") and not gpu_fault(None, None, None)
 
 
 def test_a_rule_or_row_declares_blame_only_with_a_category(tmp_path):
@@ -147,28 +163,57 @@ def test_user_oom_kills_never_escalate_a_node_and_its_driver_does(mixed_db, rule
                       time.time())["to"] == "drain_node"
 
 
+def marked(db, tmp_path, update: str) -> Path:
+    """A copy of the database with its stored columns changed by `update`."""
+    path = tmp_path / "marked.db"
+    src = sqlite3.connect(db)
+    src.backup(dst := sqlite3.connect(path))
+    src.close()
+    dst.execute(update)
+    dst.commit()
+    dst.close()
+    return path
+
+
 def test_the_node_page_and_hotspots_read_the_stored_column(mixed_db, tmp_path):
-    _, body = get(mixed_db, "/node/node-01.json")
-    roles = {j["job_id"]: j["role"] for j in json.loads(body)["jobs"]}
+    _, body = get(mixed_db, "/diagnoses/node_history.json?_shape=array&node=node-01")
+    roles = {j["job_id"]: j["role"] for j in json.loads(body)}
     assert roles == {"502": "cause", "501": "cause (unconfirmed)"}
-    _, body = get(mixed_db, "/node/cpu-gpu01.json")
-    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause (workload)"}
-    _, html = get(mixed_db, "/node/node-01")
+    _, body = get(mixed_db, "/diagnoses/node_history.json?_shape=array&node=cpu-gpu01")
+    assert {j["role"] for j in json.loads(body)} == {"cause (workload)"}
+    _, html = get(mixed_db, "/diagnoses/node_history?node=node-01")
     assert "1 infrastructure fault on this node" in html and "job output only" in html
     # The pages follow the stored answer, whatever the category: mark the OOMs as the
     # machine's and they count.
-    path = tmp_path / "marked.db"
-    src = sqlite3.connect(mixed_db)
-    src.backup(dst := sqlite3.connect(path))
-    src.close()
-    dst.execute("update diagnoses set machine_fault = 1 where category = 'host_oom'")
-    dst.commit()
-    dst.close()
-    _, body = get(path, "/node/cpu-gpu01.json")
-    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause"}
+    path = marked(mixed_db, tmp_path, "update diagnoses set machine_fault = 1, "
+                  "fault = 'infrastructure' where category = 'host_oom'")
+    _, body = get(path, "/diagnoses/node_history.json?_shape=array&node=cpu-gpu01")
+    assert {j["role"] for j in json.loads(body)} == {"cause"}
     _, body = get(path, "/diagnoses/node_hotspots.json?_shape=array&days=3650")
     assert {(r["node"], r["failures"]) for r in json.loads(body)} == \
         {("node-01", 1), ("cpu-gpu01", 3)}
+
+
+def test_the_pages_and_gpu_hotspots_read_the_stored_fault_columns(mixed_db, tmp_path):
+    """Whose fault, in the node and GPU pages' words, and whether it is the GPU's own are
+    stored with each diagnosis (fault, gpu_fault, from engine/taxonomy.py): the pages and the
+    GPU hotspots read them and decide nothing again in their SQL."""
+    conn = sqlite3.connect(mixed_db)
+    assert dict(conn.execute("select job_id, fault || ' ' || gpu_fault from diagnoses")) == {
+        "501": "unconfirmed 0", "502": "infrastructure 0", "601": "workload 0",
+        "602": "workload 0", "603": "workload 0", "701": "workload 0", "702": "workload 0"}
+    conn.close()
+    path = marked(mixed_db, tmp_path, "update diagnoses set fault = 'scheduler', gpu_fault = 1, "
+                  "culprit_gpu = '0000:3b:00.0', gpu_serial = 'S1' where job_id = '502'")
+    _, body = get(path, "/diagnoses/node_history.json?_shape=array&node=node-01")
+    assert {j["job_id"]: j["role"] for j in json.loads(body)} == {
+        "502": "cause (scheduler)", "501": "cause (unconfirmed)"}
+    _, body = get(path, "/diagnoses/gpu_history.json?_shape=array&gpu=S1")
+    assert [(r["job_id"], r["fault"]) for r in json.loads(body)] == [("502", "scheduler")]
+    _, body = get(path, "/diagnoses/gpu_hotspots.json?_shape=array&days=3650")
+    assert [(r["node"], r["gpu"]) for r in json.loads(body)] == [("node-01", "0000:3b:00.0")]
+    hot = cli("hotspots", "--gpu", "-S", "2000-01-01", "--json", "--database", str(path))
+    assert [(h["node"], h["gpu"]) for h in hot] == [("node-01", "0000:3b:00.0")]
 
 
 # -- out of service: the action text, the drain policy and the drain list agree ----------------

@@ -2,6 +2,7 @@
 migrations and filled by the real pipeline; log text is always shown as text."""
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -51,19 +52,25 @@ def get(db, path, allow_sql=False, text="admins"):
     return r.returncode, r.stdout
 
 
+# The pages about one node or GPU, opened on one the test database names.
+SUBJECTS = {"node_history": "node=node-02", "gpu_history": "gpu=1650000000032"}
+
+
 @pytest.mark.parametrize("query", QUERIES)
 def test_every_canned_query_runs(db, query):
     text = "all" if query == "search_evidence" else "admins"     # evidence lines: admins
-    rc, html = get(db, f"/diagnoses/{query}", text=text)
+    args = SUBJECTS.get(query, "")
+    rc, html = get(db, f"/diagnoses/{query}?{args}", text=text)
     assert rc == 0, html[-500:]
     # Datasette shows a failed query as an error message on the page, with status 200.
     assert "message-error" not in html and "<h1>Error" not in html, html[-800:]
-    rc, body = get(db, f"/diagnoses/{query}.json?_shape=array", text=text)
+    rc, body = get(db, f"/diagnoses/{query}.json?_shape=array&{args}", text=text)
     assert rc == 0
     rows = json.loads(body)
     assert isinstance(rows, list)
     if query in ("recent_failures", "node_hotspots", "failures_by_category", "unexplained",
-                 "missing_telemetry", "gpu_hotspots", "hook_health", "workload_failures"):
+                 "missing_telemetry", "gpu_hotspots", "hook_health", "workload_failures",
+                 *SUBJECTS):
         assert rows, f"{query} returned no rows"
 
 
@@ -110,8 +117,9 @@ def test_diagnosis_and_node_pages(db):
                  "Downstream symptoms", "Completeness", "Recommended action", "rules sha256:",
                  "role-root"):
         assert text in html, text
-    assert 'href="/node/node-02"' in html and 'href="/diagnoses/rules/gpu~2Exid"' in html
-    rc, html = get(db, "/node/node-02")
+    assert 'href="/diagnoses/node_history?node=node-02"' in html
+    assert 'href="/diagnoses/rules/gpu~2Exid"' in html
+    rc, html = get(db, "/diagnoses/node_history?node=node-02")
     assert rc == 0 and "/diagnosis/test/1001/0" in html
     rc, _ = get(db, "/diagnosis/test/999999/0")
     assert rc != 0
@@ -124,7 +132,8 @@ def test_links_in_tables_and_rules_pages(db):
     assert rc == 0 and "NVIDIA Xid error" in html
     rc, html = get(db, "/diagnoses/evidence_timeline?diagnosis_id=test%2F7001%2F0",
                    text="all")
-    assert rc == 0 and 'href="/diagnosis/test/7001/0"' in html and 'href="/node/gn02"' in html
+    assert rc == 0 and 'href="/diagnosis/test/7001/0"' in html
+    assert 'href="/diagnoses/node_history?node=gn02"' in html
 
 
 def test_log_text_is_escaped_everywhere(db):
@@ -249,7 +258,7 @@ def test_browser(db, tmp_path):
         assert "Xid 149" in root_row and "node-02/journal.log:6" in root_row
         page.screenshot(path=str(ARTIFACTS / "diagnosis.png"), full_page=False)
         page.goto(base + "/diagnoses/node_hotspots?days=3650")
-        assert page.locator('a[href="/node/node-02"]').count() >= 1
+        assert page.locator('a[href="/diagnoses/node_history?node=node-02"]').count() >= 1
         page.screenshot(path=str(ARTIFACTS / "node-hotspots.png"))
         page.goto(base + "/diagnoses/failures_by_category")
         assert page.locator("svg rect.bar").count() >= 7
@@ -295,7 +304,7 @@ def test_base_url_for_a_reverse_proxy(db):
     base = _argv(db)
     r = subprocess.run([*base, "--setting", "base_url", "/sattrib/", "--get",
                         "/diagnosis/test/1001/0"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and 'href="/sattrib/node/node-02"' in r.stdout
+    assert r.returncode == 0 and 'href="/sattrib/diagnoses/node_history?node=node-02"' in r.stdout
 
 
 def test_a_database_of_any_file_name_keeps_every_link(db, tmp_path):
@@ -349,10 +358,11 @@ def busy_db(db, tmp_path_factory):
     _add(con, "test/9002/0", "2999-01-01T00:00:00Z", outcome="attributed",
          category="application_error", family="workload", culprit_node="gn02",
          action_code="fix_application", blame="workload", trust="job_output", machine_fault=0,
-         out_of_service=0)
+         fault="workload", gpu_fault=0, out_of_service=0)
     _add(con, "test/9003/0", "2999-01-01T00:00:00Z", outcome="attributed",
          category="gpu_hardware", family="gpu", culprit_node="x;reboot", action_code="drain_node",
-         blame="machine", trust="kernel", machine_fault=1, out_of_service=1)
+         blame="machine", trust="kernel", machine_fault=1, fault="infrastructure", gpu_fault=1,
+         out_of_service=1)
     con.commit()
     con.close()
     return path
@@ -459,16 +469,18 @@ def test_job_id_box_goes_to_the_diagnosis(db):
 
 
 def test_a_node_page_lists_every_job_it_took_part_in(db):
-    rc, body = get(db, "/node/node-01.json")
-    page = json.loads(body)
-    assert rc == 0 and [(j["job_id"], j["role"]) for j in page["jobs"]] == [("1001", "took part")]
-    assert page["gpus_blamed"] == []
-    rc, body = get(db, "/node/node-02.json")
-    assert [(j["job_id"], j["role"]) for j in json.loads(body)["jobs"]] == [("1001", "cause")]
-    rc, html = get(db, "/node/node-01")
+    jobs = _jobs(db, "node_history", node="node-01")
+    assert [(j["job_id"], j["role"]) for j in jobs] == [("1001", "took part")]
+    jobs = _jobs(db, "node_history", node="node-02")
+    assert [(j["job_id"], j["role"]) for j in jobs] == [("1001", "cause")]
+    assert jobs[0]["gpu_serial"] == "1650000000032"
+    rc, html = get(db, "/diagnoses/node_history?node=node-01")
     assert rc == 0 and 'href="/diagnosis/test/1001/0"' in html and "took part" in html
-    rc, body = get(db, "/node/m2.json")
-    assert {j["role"] for j in json.loads(body)["jobs"]} == {"cause (workload)"}
+    assert "<p>None.</p>" in html.split("GPUs blamed")[1].split("<h2>")[0]
+    rc, html = get(db, "/diagnoses/node_history?node=node-02")
+    blamed = html.split("GPUs blamed")[1].split("<h2>")[0]
+    assert "0000:9d:00.0" in blamed and 'href="/diagnoses/gpu_history?gpu=1650000000032"' in blamed
+    assert {j["role"] for j in _jobs(db, "node_history", node="m2")} == {"cause (workload)"}
 
 
 def test_diagnosis_page_as_json(db):
@@ -549,11 +561,47 @@ def test_workload_failures_have_a_page_of_their_own(db):
 def test_a_node_page_draws_its_history_by_the_part_it_played(db):
     # gn02 caused job 7001 (Xid 79): one mark on the infrastructure lane; a node that only
     # took part in failed jobs has marks on that lane alone.
-    _, html = get(db, "/node/gn02")
+    _, html = get(db, "/diagnoses/node_history?node=gn02")
     svg = html[html.index('<svg class="swimlane"'):html.index("</svg>")]
     assert "caused (infra)" in svg and svg.count('class="mark infra"') >= 1
     assert "job 7001" in svg
-    _, html = get(db, "/node/gn01")
+    _, html = get(db, "/diagnoses/node_history?node=gn01")
     svg = html[html.index('<svg class="swimlane"'):html.index("</svg>")]
     assert "took part" in svg and "caused (infra)" not in svg
     assert 'class="mark symptom"' in svg and 'class="mark infra"' not in svg
+
+
+@pytest.mark.slow
+def test_an_installed_copy_serves_the_dashboard_in_parts(db, tmp_path):
+    """pip installs datasette/ as sattrib/dashboard/ with every file (the plugin's parts
+    included, no __init__.py), and Datasette run from that copy alone, as `sattrib serve` runs
+    it, registers each part and serves the pages."""
+    import shutil
+    keep = ("pyproject.toml", "README.md", "sattrib", "engine", "collectors", "slurm_hooks",
+            "datasette")
+    src = tmp_path / "src"                      # a copy: the build writes beside its sources
+    shutil.copytree(ROOT, src, ignore=lambda d, names: [
+        n for n in names if n == "__pycache__" or d == str(ROOT) and n not in keep])
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                        "--disable-pip-version-check", "--target", str(site), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    shipped = {p.relative_to(site / "sattrib/dashboard") for p in
+               (site / "sattrib/dashboard").rglob("*") if p.is_file() and p.suffix != ".pyc"}
+    ours = {p.relative_to(ROOT / "datasette") for p in (ROOT / "datasette").rglob("*")
+            if p.is_file() and p.suffix != ".pyc"}
+    assert shipped == ours and not any(p.name == "__init__.py" for p in ours)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    r = subprocess.run([sys.executable, "-m", "sattrib", "serve", "--print-command",
+                        "--database", str(db)], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    argv = shlex.split(r.stdout)
+    assert argv[argv.index("--plugins-dir") + 1] == str(site / "sattrib/dashboard/plugins")
+    argv = argv[: argv.index("--host")] + argv[argv.index("--setting"):]
+    for path, want in (("/-/plugins.json", '"sattrib_dashboard.guards"'), ("/", "Drain list"),
+                       ("/diagnoses/node_history?node=node-02", "Node node-02"),
+                       ("/diagnoses/gpu_history?gpu=1650000000032", "Where it was seen (1)")):
+        r = subprocess.run([*argv, "--get", path], env=env, capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+        assert r.returncode == 0 and want in r.stdout, (path, r.stdout[-500:], r.stderr[-500:])

@@ -21,28 +21,30 @@ ROWS = 1_000_000
 # eight kinds of outcome, a year of failures, two partitions, 300 users.
 FILL = """
 with recursive c(i) as (select 0 union all select i + 1 from c where i < :n - 1),
-kinds(k, category, family, action_code, blame, machine_fault, out_of_service) as (values
-  (0, 'gpu_hardware', 'gpu', 'drain_node', 'machine', 1, 1),
-  (1, 'gpu_memory_ecc', 'gpu', 'reset_gpu', 'machine', 1, 1),
-  (2, 'nvlink', 'nvlink', 'inspect_nvlink', 'machine', 1, 1),
-  (3, 'network_ib', 'network', 'drain_node', 'machine', 1, 1),
-  (4, 'application_error', 'workload', 'fix_application', 'workload', 0, 0),
-  (5, 'cuda_oom', 'workload', 'fix_application', 'workload', 0, 0),
-  (6, 'scheduler_timelimit', 'scheduler', 'none', 'scheduler', 0, 0),
-  (7, null, null, null, null, 0, 0)),
+kinds(k, category, family, action_code, blame, machine_fault, fault, gpu_fault,
+      out_of_service) as (values
+  (0, 'gpu_hardware', 'gpu', 'drain_node', 'machine', 1, 'infrastructure', 1, 1),
+  (1, 'gpu_memory_ecc', 'gpu', 'reset_gpu', 'machine', 1, 'infrastructure', 1, 1),
+  (2, 'nvlink', 'nvlink', 'inspect_nvlink', 'machine', 1, 'infrastructure', 1, 1),
+  (3, 'network_ib', 'network', 'drain_node', 'machine', 1, 'infrastructure', 0, 1),
+  (4, 'application_error', 'workload', 'fix_application', 'workload', 0, 'workload', 0, 0),
+  (5, 'cuda_oom', 'workload', 'fix_application', 'workload', 0, 'workload', 0, 0),
+  (6, 'scheduler_timelimit', 'scheduler', 'none', 'scheduler', 0, 'scheduler', 0, 0),
+  (7, null, null, null, null, 0, null, 0, 0)),
 r as (select i, printf('gpu-%04d', (i * 7919) % 2000) as node, (i * 31) % 8 as k,
              strftime('%Y-%m-%dT%H:%M:%SZ', 'now',
                       printf('-%d seconds', 3600 + (i * 104729) % 31536000)) as t
       from c)
 insert into diagnoses (id, cluster, job_id, restart, outcome, category, family, culprit_node,
                        summary, action_code, partition, user, created_at, updated_at, missing,
-                       node_count, diagnosis_json, blame, machine_fault, out_of_service)
+                       node_count, diagnosis_json, blame, machine_fault, fault, gpu_fault,
+                       out_of_service)
 select 'big/' || i || '/0', 'big', cast(100000 + i as text), 0,
        case when kinds.category is null then 'unattributed' else 'attributed' end,
        kinds.category, kinds.family, case when kinds.category is null then null else node end,
        coalesce(kinds.category, 'no cause') || ' on ' || node, kinds.action_code,
        case when i % 5 = 0 then 'debug' else 'gpu' end, 'u' || (i % 300), t, t, '[]', 1, '{}',
-       kinds.blame, kinds.machine_fault, kinds.out_of_service
+       kinds.blame, kinds.machine_fault, kinds.fault, kinds.gpu_fault, kinds.out_of_service
 from r join kinds on kinds.k = r.k"""
 
 
@@ -123,7 +125,7 @@ def test_every_page_answers_on_a_million_diagnoses(million, monkeypatch):
         visit("recent_failures_node", "/diagnoses/recent_failures?node=gpu-0001")
         rows = page.locator("table.rows-and-columns tbody tr")
         assert rows.count() >= 100
-        body = visit("node_page", "/node/gpu-0001")
+        body = visit("node_page", "/diagnoses/node_history?node=gpu-0001")
         assert "/diagnosis/big/" in page.content()
         body = visit("search", "/diagnoses/recent_failures?q=nvlink")
         assert page.locator("table.rows-and-columns tbody tr").count() >= 1

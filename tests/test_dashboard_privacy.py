@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -26,22 +27,15 @@ from sattrib.serve import HEADER_ENV, PROXY_ENV, dashboard_dir, datasette_argv, 
 from sattrib.store import Store
 
 LINE = "kernel: NVRM: Xid (PCI:0000:9d:00): 149"          # the demo's root evidence line
-TEXT_PAGES = ["/diagnoses/evidence.json", "/diagnoses/evidence_timeline.json",
-              "/diagnoses/diagnoses.json", "/diagnoses/diagnoses/test~2F1001~2F0.json",
-              "/diagnoses/evidence/test~2F1001~2F0,e1.json", "/diagnoses/evidence",
-              "/diagnoses/diagnoses/test~2F1001~2F0", "/diagnoses/search_evidence.json?q=Xid",
-              "/diagnoses/search_evidence?q=Xid"] + [
-              f"/diagnoses/evidence_fts{t}.json" for t in (
-                  "", "_data", "_idx", "_docsize", "_config")]
-OPEN_PAGES = ["/", "/.json", "/diagnoses", "/diagnoses.json", "/diagnosis/test/1001/0",
-              "/node/node-02", "/diagnosis/test/1001/0.json", "/node/node-02.json",
-              "/node/node-01.json", "/-/summary.json", "/job.json?id=1001", "/diagnoses/candidates.json", "/diagnoses/missing_evidence.json",
-              "/diagnoses/rules.json", "/diagnoses/gpu_culprits.json",
-              "/gpu/1650000000032", "/gpu/1650000000032.json",
-              "/diagnoses/failed_probes.json", "/diagnoses/job_nodes.json"] + [
-              f"/diagnoses/{q}.json?days=3650" for q in (
-                  "recent_failures", "failures_by_category", "node_hotspots", "gpu_hotspots",
-                  "unexplained", "missing_telemetry", "hook_health")]
+
+
+def _private(page: str) -> bool:
+    """Is this page one of the evidence tables or queries (their rows and JSON included), which
+    only those who may read evidence text get?"""
+    from sattrib.serve import TEXT_QUERIES, TEXT_TABLES
+    parts = page.split("?")[0].split("/")
+    return len(parts) > 2 and parts[1] == "diagnoses" and \
+        parts[2].split(".")[0] in TEXT_TABLES + TEXT_QUERIES
 
 
 @pytest.fixture(scope="module")
@@ -77,25 +71,30 @@ def root_cookie(ds):
 
 
 def test_anonymous_visitors_see_diagnoses_but_no_evidence_text(db):
+    """Every page the dashboard serves (found, not listed: _every_page), as an anonymous
+    visitor: the evidence tables and queries are 403, every other page answers with no log
+    line, no stored diagnosis JSON and no bundle path."""
     async def requests(ds, client):
-        out = {}
-        for p in TEXT_PAGES + OPEN_PAGES:
-            r = await client.get(p)
-            out[p] = (r.status_code, r.text)
-        return out
+        return {p: await client.get(p, follow_redirects=True) for p in await _every_page(ds)}
     pages = run(db, requests)
-    for p in TEXT_PAGES:
-        assert pages[p][0] == 403, p
-    for p in OPEN_PAGES:
-        status, body = pages[p]
-        assert status == 200, p
-        assert LINE not in body and "diagnosis_json" not in body, p
-        assert str(db.parent) not in body, p                 # nor the bundle path
-    page = pages["/diagnosis/test/1001/0"][1]
+    assert len(pages) > 100
+    assert {p.split("?")[0] for p in pages if _private(p)} >= {
+        "/diagnoses/evidence.json", "/diagnoses/evidence_fts_data.json",
+        "/diagnoses/diagnoses/test~2F1001~2F0", "/diagnoses/evidence/test~2F1001~2F0,e1.json",
+        "/diagnoses/search_evidence.json"}
+    for p, r in pages.items():
+        if _private(p):
+            assert r.status_code == 403, (p, r.status_code)
+            continue
+        assert r.status_code == 200, (p, r.status_code)
+        assert LINE not in r.text and str(db.parent) not in r.text, p      # nor the bundle path
+        if not p.startswith("/-/metadata"):               # where the columns are described
+            assert "diagnosis_json" not in r.text, p
+    page = pages["/diagnosis/test/1001/0"].text
     assert "Xid 149" in page and "node-02/journal.log:6" in page and "nvlink" in page
     assert "shown to the dashboard" in page and "admins only" in page
-    assert "drain node-02" in pages["/diagnoses/recent_failures.json?days=3650"][1]
-    page = json.loads(pages["/diagnosis/test/1001/0.json"][1])
+    assert "drain node-02" in pages["/-/summary.json"].text
+    page = json.loads(pages["/diagnosis/test/1001/0.json"].text)
     assert page["evidence_text"] == "withheld" and "bundle_path" not in page
     assert page["diagnosis"]["evidence"] and not any(
         "text" in e for e in page["diagnosis"]["evidence"])
@@ -424,8 +423,10 @@ def _incident_of(path, dids) -> None:
 
 async def _every_page(ds) -> list[str]:
     """Every page the dashboard serves for this database: Datasette's own, each table and view
-    and canned query (HTML, JSON, CSV; a query's parameters filled in), and the plugin's pages
-    for each diagnosis, job, node and GPU it holds. Fails when a plugin route got no page."""
+    and canned query (HTML, JSON, CSV; a query's parameters filled in, a query about one node or
+    GPU (`:_subject_node`) once for each the database names), a row of each table, and the
+    plugin's pages for each diagnosis, job, node, GPU and incident it holds. Fails when a plugin
+    route got no page."""
     from datasette.plugins import pm
     from datasette.utils import tilde_encode
     db = ds.get_database("diagnoses")
@@ -434,16 +435,31 @@ async def _every_page(ds) -> list[str]:
                                  "threads", "actor") for ext in ("", ".json")]
     names = await db.table_names() + await db.view_names()
     queries = await ds.get_canned_queries("diagnoses", None)
+    rows = (await db.execute("select cluster, job_id, restart, culprit_node, gpu_serial, "
+                             "gpu_uuid from diagnoses")).rows
+    nodes = [r[0] for r in (await db.execute("select distinct node from job_nodes")).rows]
+    named = {"node": nodes, "gpu": sorted({r[k] for r in rows for k in ("gpu_serial", "gpu_uuid")
+                                           if r[k]})}
     filled = {"days": "3650", "q": "KeyError"}
     for name in names:
         pages += [f"/diagnoses/{tilde_encode(name)}{ext}" for ext in ("", ".json", ".csv")]
+    hidden = set(await db.hidden_table_names())          # full-text indexes: no row pages
+    for name in [n for n in await db.table_names() if n not in hidden]:   # a row, by its key
+        keys = await db.primary_keys(name) or ["rowid"]
+        row = (await db.execute(f"select {', '.join(f'[{k}]' for k in keys)} from [{name}] "
+                                "limit 1")).first()
+        if row:
+            key = ",".join(tilde_encode(str(v)) for v in row)
+            pages += [f"/diagnoses/{tilde_encode(name)}/{key}{ext}" for ext in ("", ".json")]
     for name, q in queries.items():
-        args = "&".join(f"{p}={filled.get(p, '')}" for p in sorted(set(
-            re.findall(r":(\w+)", q["sql"]))))
-        pages += [f"/diagnoses/{name}{ext}?{args}" for ext in ("", ".json", ".csv")]
-    rows = (await db.execute("select cluster, job_id, restart, culprit_node, gpu_serial "
-                             "from diagnoses")).rows
-    nodes = [r[0] for r in (await db.execute("select distinct node from job_nodes")).rows]
+        params = set(q.get("params") or []) | set(re.findall(r":(?!_)(\w+)", q["sql"]))
+        args = {p: filled.get(p, "") for p in sorted(params)}
+        about = set(re.findall(r":_subject_(\w+)", q["sql"]))      # a page about one node or GPU
+        assert about <= params and len(about) <= 1, name
+        for value in named[min(about)] if about else [None]:
+            args.update(dict.fromkeys(about, value))
+            pages += [f"/diagnoses/{name}{ext}?{urlencode(args)}" for ext in ("", ".json", ".csv")]
+        assert any(p.startswith(f"/diagnoses/{name}?") for p in pages), f"no page for {name}"
     for r in rows:
         pages += [f"/diagnosis/{r['cluster']}/{r['job_id']}/{r['restart']}{ext}"
                   for ext in ("", ".json")]
@@ -465,8 +481,6 @@ def test_no_page_shows_anyone_a_secret_from_a_log_line(secret_db):
     """Anonymous visitors get every page (or 403 for the evidence tables and queries); none
     holds the secret a program printed or the process name a kernel quoted. Admins see it in
     the evidence."""
-    from sattrib.serve import TEXT_QUERIES, TEXT_TABLES
-
     async def requests(ds, client):
         pages = await _every_page(ds)
         anon = {p: await client.get(p) for p in pages}
@@ -475,9 +489,7 @@ def test_no_page_shows_anyone_a_secret_from_a_log_line(secret_db):
     anon, admin = run(secret_db, requests)
     assert len(anon) > 100
     for p, r in anon.items():
-        name = p.split("?")[0].rsplit("/", 1)[-1].split(".")[0]
-        private = p.startswith("/diagnoses/") and name in TEXT_TABLES + TEXT_QUERIES
-        assert r.status_code in ((403,) if private else (200, 302)), (p, r.status_code)
+        assert r.status_code in ((403,) if _private(p) else (200, 302)), (p, r.status_code)
         assert SECRET not in r.text, p
     assert "rank 3 on node-02 raised KeyError" in anon["/diagnosis/test/1002/0"].text
     assert "Out of memory on node-01: killed process 99" in anon["/diagnoses/candidates.json"].text

@@ -465,7 +465,8 @@ def test_the_diagnosis_page_says_where_the_job_stopped(hang_db):
     rc, html = get(hang_db, "/diagnosis/test/4101/0")
     assert rc == 0
     where = html.split("<h2>Where the job stopped</h2>")[1].split("<h2>")[0]
-    assert "<strong>ranks 12, 14</strong>" in where and 'href="/node/node-02"' in where
+    assert "<strong>ranks 12, 14</strong>" in where
+    assert 'href="/diagnoses/node_history?node=node-02"' in where
     assert "the job stopped at rank 12 (node-02): 7 ranks waited for it" in where
     assert re.findall(r'<a href="#(e\d+)">', where) == ["e1", "e2", "e3", "e4"]
     assert all(f'id="e{i}"' in html for i in range(1, 5))     # the timeline rows they point at
@@ -492,8 +493,8 @@ def test_browser_diagnosis_page_shows_where_the_job_stopped(hang_db):
         assert "node-02/_dump_14" in page.locator("tr#e3").inner_text()
         where.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "diagnosis-where-stopped.png"))
-        where.locator('a[href="/node/node-02"]').click()
-        page.wait_for_url("**/node/node-02")
+        where.locator('a[href="/diagnoses/node_history?node=node-02"]').click()
+        page.wait_for_url(re.compile(r"/diagnoses/node_history\?node=node-02$"))
         browser.close()
 
 

@@ -8,9 +8,11 @@ runs the installed wrappers, each well under a second.
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -332,6 +334,35 @@ def test_installed_command_and_config(main):
     assert r.returncode == 0, r.stderr
     assert f"database = '{main.var}/diagnoses.db'    # {cfg}" in r.stdout
     assert f"spool_dir = '{main.spool}'    # {cfg}" in r.stdout
+
+
+def test_installed_dashboard_registers_every_part(main, tmp_path):
+    """The installed `sattrib serve` finds the dashboard's plugin and each of its parts (one
+    module per part, registered as Datasette registers its own) and serves its pages."""
+    py = main.venv / "bin/python"
+    db = tmp_path / "diagnoses.db"
+    subprocess.run([str(py), "-c", f"from sattrib.store import Store; Store({str(db)!r})"],
+                   check=True, env=clean_env(), timeout=60)
+    cfg = re.search(r"^SATTRIB_CONFIG='([^']+)'$", main.epilog.read_text(), re.M).group(1)
+    r = subprocess.run([str(main.sattrib), "serve", "--print-command", "--database", str(db)],
+                       capture_output=True, text=True, env=clean_env(SATTRIB_CONFIG=cfg),
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stdout)
+    argv = argv[: argv.index("--host")] + argv[argv.index("--setting"):]
+    assert argv[0].startswith(str(main.venv))
+
+    def get(path):
+        r = subprocess.run([*argv, "--get", path], capture_output=True, text=True,
+                           env=clean_env(), timeout=120, cwd=tmp_path)
+        assert r.returncode == 0, (path, r.stderr[-800:])
+        return r.stdout
+    names = {p["name"] for p in json.loads(get("/-/plugins.json"))}
+    assert {f"sattrib_dashboard.{part}" for part in (
+        "database", "guards", "cells", "summary", "home", "job", "diagnosis", "node", "gpu")} \
+        <= names
+    assert "No diagnoses yet" in get("/")
+    assert json.loads(get("/diagnoses/node_hotspots.json?_shape=array")) == []
 
 
 # ---- the wrappers at work (run as Slurm does: no environment at all) ----------------------------

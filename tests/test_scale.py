@@ -16,29 +16,14 @@ from sattrib.store import Store
 
 QUERIES = yaml.safe_load((dashboard_dir() / "metadata.yml").read_text())[
     "databases"]["diagnoses"]["queries"]
-# Pages' own lookups (plugin routes and `sattrib <jobid>`).
+# Pages' own lookups (plugin routes and `sattrib <jobid>`); the node and GPU pages are
+# canned queries (node_history, gpu_history).
 LOOKUPS = {
     "sattrib <jobid>": "SELECT cluster, restart, diagnosis_json FROM diagnoses WHERE job_id = :j "
                        "ORDER BY cluster, restart",
     "diagnosis page": "select diagnosis_json from diagnoses where id = :j",
-    "node page": "select id from diagnoses where culprit_node = :j order by created_at desc "
-                 "limit 100",
-    "node page missing": "select m.source, count(*) from missing_evidence m join diagnoses d "
-                         "on d.id = m.diagnosis_id where m.node = :j group by m.source",
     "evidence of a diagnosis": "select * from evidence where diagnosis_id = :j",
 }
-
-
-def _plugin():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "sattrib_dashboard", dashboard_dir() / "plugins" / "sattrib_dashboard.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-LOOKUPS["node page"] = _plugin().NODE_JOBS
 
 
 def plan(conn, sql):

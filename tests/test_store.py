@@ -120,6 +120,34 @@ def test_blame_columns_are_filled_for_rows_stored_before_them(tmp_path, rules):
                      "order by job_id").fetchall() == want
 
 
+def test_fault_columns_are_filled_for_rows_stored_before_them(tmp_path, rules):
+    """A database written before the fault and gpu_fault columns gets them from the blame,
+    trust and category its rows hold (engine/taxonomy.py decides them)."""
+    db = tmp_path / "d.db"
+    s = Store(db)
+    for case, job in (("xid79_srun_combined_log", "1"), ("host_oom_cgroup_kill", "2"),
+                      ("app_exception_fake_kernel_lines", "3"), ("hang_all_ranks_unattributed", "4"),
+                      ("ib_port_down_roce", "5")):
+        d, _ = analyze_folder(CASES / case, rules=rules)
+        s.upsert(d.model_copy(update={"job_id": job}), "c1")
+    c = sqlite3.connect(db)
+    c.execute("update diagnoses set trust = 'job_output', machine_fault = 0 where job_id = '5'")
+    c.commit()
+    query = "select job_id, fault, gpu_fault from diagnoses order by job_id"
+    assert c.execute(query).fetchall()[:4] == [
+        ("1", "infrastructure", 1), ("2", "workload", 0), ("3", "workload", 0), ("4", None, 0)]
+    for col in ("fault", "gpu_fault"):
+        c.execute(f"alter table diagnoses drop column {col}")
+    c.execute("delete from _sqlite_migrations where name = 'm012_fault'")
+    c.commit()
+    c.close()
+    Store(db)
+    c = sqlite3.connect(db)
+    assert c.execute(query).fetchall() == [
+        ("1", "infrastructure", 1), ("2", "workload", 0), ("3", "workload", 0), ("4", None, 0),
+        ("5", "unconfirmed", 0)]
+
+
 def test_summaries_stored_before_they_were_public_are_rewritten(tmp_path, rules):
     """A database holding summaries from before they were built from fields (one quoting an
     exception's secret value, one ambiguous pair) gets them rewritten from each cause's

@@ -321,6 +321,9 @@ def test_epilog_run_twice_takes_one_snapshot(cluster, install, nodes, work):
     cluster.wait_job(jid, {"FAILED"}, timeout=60)
     wait_diagnosis(cluster, install, jid)
     spool = install.spool_dir / cluster.cluster_name
+    gone = time.monotonic() + 30            # the worker removes the run after it stores it
+    while (spool / f"{jid}.0").exists() and time.monotonic() < gone:
+        time.sleep(0.2)
     assert not (spool / f"{jid}.0").exists()
 
     def epilogs(job: str, n: int) -> None:

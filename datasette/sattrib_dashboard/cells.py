@@ -1,0 +1,103 @@
+"""Cell rendering: job ids, diagnosis ids, nodes, GPUs and rules become links to their pages,
+times read as times, column names as words. The same links are handed to every template
+(`diag_page`, `nodes_page`, `gpu_page`, `rule_page`), so a page's address is built here only.
+
+Text from logs reaches a page only through Jinja's autoescaping or markupsafe.escape."""
+import re
+from urllib.parse import quote, unquote, urlencode
+
+from datasette import hookimpl
+from datasette.utils import tilde_encode
+from datasette.utils.asgi import Response
+from markupsafe import Markup, escape
+
+from sattrib_dashboard.database import DB_NAME
+
+# Column headers of the canned queries' pages (the JSON keeps the column names).
+LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_id": "Job",
+          "culprit_node": "Culprit node", "culprit_gpu": "Culprit GPU", "gpu": "GPU",
+          "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
+          "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
+          "not_counted": "Not the node's fault (not counted)",
+          "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
+          "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
+          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
+TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end",
+                "last_snapshot_at", "last_diagnosis_at"}
+ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z?$")
+
+
+def column_label(name: str) -> str:
+    return LABELS.get(name) or name.replace("_", " ").capitalize()
+
+
+def diagnosis_path(cluster, job, restart) -> str:
+    return f"/diagnosis/{quote(str(cluster), safe='')}/{quote(str(job), safe='')}/{int(restart)}"
+
+
+def node_path(node, ext: str = "") -> str:
+    """A node's page (ext ".json": its rows): the node_history canned query for it."""
+    return f"/{DB_NAME}/node_history{ext}?" + urlencode({"node": node})
+
+
+def gpu_path(key, ext: str = "") -> str:
+    """A GPU's page by board serial or UUID (ext ".json": its rows): the gpu_history canned
+    query for it."""
+    return f"/{DB_NAME}/gpu_history{ext}?" + urlencode({"gpu": key})
+
+
+def moved_to(page_path, var: str):
+    """The route for a page's address before it was a canned query (/node/NAME, /gpu/KEY, and
+    .json for its rows as an array): a redirect to `page_path(the name)`."""
+    async def moved(datasette, request):
+        name = unquote(request.url_vars[var])          # the route sees the path as sent
+        if request.url_vars.get("format"):
+            path = page_path(name, ".json") + "&_shape=array"
+        else:
+            path = page_path(name)
+        return Response.redirect(datasette.urls.path(path))
+    return moved
+
+
+def rule_path(rule_id) -> str:
+    # Datasette row URLs tilde-encode the key: "gpu.xid" -> "gpu~2Exid".
+    return f"/{DB_NAME}/rules/{tilde_encode(rule_id)}"
+
+
+def _link(datasette, path, text):
+    return Markup('<a href="{}">{}</a>').format(datasette.urls.path(path), text)
+
+
+@hookimpl
+def extra_template_vars(datasette):
+    path = datasette.urls.path
+    return {"column_label": column_label,
+            "diag_page": lambda r: path(diagnosis_path(r["cluster"], r["job_id"], r["restart"])),
+            "nodes_page": lambda n: path(node_path(n)),
+            "gpu_page": lambda g: path(gpu_path(g)),
+            "rule_page": lambda r: path(rule_path(r))}
+
+
+@hookimpl
+def render_cell(row, value, column, table, datasette):
+    if value is None or value == "":
+        return None
+    keys = row.keys() if hasattr(row, "keys") else []
+    if column == "job_id" and "cluster" in keys and "restart" in keys:
+        text = escape(value) if not row["restart"] else escape(f"{value} (run {row['restart'] + 1})")
+        return _link(datasette, diagnosis_path(row["cluster"], value, row["restart"]), text)
+    if column in TIME_COLUMNS and table is None and isinstance(value, str) and ISO.match(value):
+        m = ISO.match(value)
+        return Markup('<time datetime="{}">{} {}</time>').format(value, m.group(1), m.group(2))
+    if column in ("id", "diagnosis_id", "last_diagnosis") and isinstance(value, str) \
+            and value.count("/") == 2:
+        cluster, job, restart = value.split("/")
+        if restart.isdigit():
+            return _link(datasette, diagnosis_path(cluster, job, restart), escape(value))
+    if column in ("culprit_node", "node") and isinstance(value, str) and value != "job":
+        return _link(datasette, node_path(value), escape(value))
+    if column in ("serial", "uuid", "gpu_serial", "gpu_uuid") and isinstance(value, str):
+        return _link(datasette, gpu_path(value), escape(value))
+    if column in ("rule", "root_rule") and isinstance(value, str):
+        return _link(datasette, rule_path(value), escape(value))
+    return None
