@@ -47,6 +47,7 @@ def db(tmp_path_factory):
     diag, _ = analyze_folder(write_demo(d / "demo"), rules=rules)
     store.upsert(diag, "test", bundle_path=str(d / "demo"))
     store.sync_rules(rules)
+    _incident_of(path, ["test/1001/0"])
     return path
 
 
