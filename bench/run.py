@@ -130,33 +130,34 @@ def ere_escape(s: str) -> str:
 # ----------------------------------------------------------------------------- measurements
 
 
-def measure_sattrib(cmd: list[str], d: Path, repeat: int) -> dict:
-    best = None
+def median_run(runs: list[dict]) -> dict:
+    """The run of median wall time (the lower of the two middle ones for an even count), with
+    every run's wall time beside it: on a shared machine one lucky or unlucky run says little."""
+    ordered = sorted(runs, key=lambda r: r["wall_s"])
+    med = dict(ordered[(len(ordered) - 1) // 2])
+    med["walls_s"] = [round(r["wall_s"], 3) for r in runs]
+    med["runs"] = len(runs)
+    return med
+
+
+def sattrib_once(cmd: list[str], d: Path) -> dict:
     with tempfile.TemporaryFile() as out:
-        for _ in range(repeat):
-            out.seek(0)
-            out.truncate()
-            r = run_child(cmd + ["analyze", str(d), "--json"], stdout=out)
-            if r["rc"] != 0:
-                raise SystemExit(f"sattrib failed (rc {r['rc']}):\n{r['stderr'][-3000:]}")
-            if best is None or r["wall_s"] < best["wall_s"]:
-                best = r
+        r = run_child(cmd + ["analyze", str(d), "--json"], stdout=out)
+        if r["rc"] != 0:
+            raise SystemExit(f"sattrib failed (rc {r['rc']}):\n{r['stderr'][-3000:]}")
         out.seek(0)
-        best["diagnosis"] = json.loads(out.read())
-    best.pop("stderr", None)
-    best["runs"] = repeat
-    return best
+        r["diagnosis"] = json.loads(out.read())
+    r.pop("stderr", None)
+    return r
+
+
+def measure_sattrib(cmd: list[str], d: Path, repeat: int) -> dict:
+    return median_run([sattrib_once(cmd, d) for _ in range(repeat)])
 
 
 def measure_grep(mode: str, lits: list[tuple[str, bool]], d: Path, tmp: Path,
                  repeat: int = 1) -> dict:
-    best = None
-    for _ in range(repeat):
-        r = _grep_once(mode, lits, d, tmp)
-        if best is None or r["wall_s"] < best["wall_s"]:
-            best = r
-    best["runs"] = repeat
-    return best
+    return median_run([_grep_once(mode, lits, d, tmp) for _ in range(repeat)])
 
 
 def _grep_once(mode: str, lits: list[tuple[str, bool]], d: Path, tmp: Path) -> dict:
@@ -194,16 +195,6 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-def measure_rg(lits: list[tuple[str, bool]], d: Path, tmp: Path, repeat: int = 1) -> dict:
-    best = None
-    for _ in range(repeat):
-        r = _rg_once(lits, d, tmp)
-        if best is None or r["wall_s"] < best["wall_s"]:
-            best = r
-    best["runs"] = repeat
-    return best
 
 
 def _rg_once(lits: list[tuple[str, bool]], d: Path, tmp: Path) -> dict:
@@ -381,8 +372,20 @@ def bench_dir(d: Path, args, cmd: list[str], py: str, lits, tmp: Path, gen: dict
                  "warm_read_s": round(warm_s, 3), "generated": gen}
     if gen:
         res.update(nodes=gen["nodes"], ranks=gen["nodes"] * gen["ranks_per_node"])
-    log(args, f"  sattrib analyze ({total / MB:,.0f} MB, {len(files)} files) ...")
-    s = measure_sattrib(cmd, d, args.repeat)
+    # Side by side: each round runs sattrib, grep -E and rg once, so a burst of load from
+    # elsewhere falls on all of them alike; each tool's median round is reported.
+    runs: dict = {"sattrib": [], "grep_E": [], "rg": []}
+    res["load_before"] = os.getloadavg()[0]
+    for i in range(args.repeat):
+        log(args, f"  round {i + 1}/{args.repeat}: sattrib analyze ({total / MB:,.0f} MB, "
+                  f"{len(files)} files), grep -E" + (f", rg -F -j{cores()}"
+                                                    if shutil.which("rg") else "") + " ...")
+        runs["sattrib"].append(sattrib_once(cmd, d))
+        runs["grep_E"].append(_grep_once("E", lits, d, tmp))
+        if shutil.which("rg"):
+            runs["rg"].append(_rg_once(lits, d, tmp))
+    res["load_after"] = os.getloadavg()[0]
+    s = median_run(runs["sattrib"])
     diag = s.pop("diagnosis")
     res["sattrib"] = s
     res["check"] = check_diagnosis(diag, planted)
@@ -394,11 +397,9 @@ def bench_dir(d: Path, args, cmd: list[str], py: str, lits, tmp: Path, gen: dict
     res["sattrib_startup"] = st
     var = s["wall_s"] - st["wall_s"]
     res["sattrib"]["mb_per_s_excl_startup"] = total / MB / var if var > 0 else None
-    log(args, "  grep -E ...")
-    res["grep_E"] = measure_grep("E", lits, d, tmp, args.repeat)
-    if shutil.which("rg"):
-        log(args, f"  rg -F -j{cores()} ...")
-        res["rg"] = measure_rg(lits, d, tmp, args.repeat)
+    res["grep_E"] = median_run(runs["grep_E"])
+    if runs["rg"]:
+        res["rg"] = median_run(runs["rg"])
     if not args.quick:
         log(args, "  grep -F ...")
         res["grep_F"] = measure_grep("F", lits, d, tmp, args.repeat)
@@ -423,6 +424,9 @@ def log(args, msg: str) -> None:
 
 
 def fmt_row(name, r, extra=""):
+    walls = r.get("walls_s") or []
+    if len(walls) > 1:
+        extra = f"median of {'/'.join(f'{w:.2f}' for w in walls)} s; {extra}"
     return (f"  {name:<26}{r['wall_s']:>9.2f}{r['mb_per_s']:>9.1f}"
             f"{r.get('rss_mb', float('nan')):>10.1f}{r.get('user_s', float('nan')):>8.2f}"
             f"{r.get('sys_s', float('nan')):>7.2f}  {extra}")
@@ -434,7 +438,9 @@ def print_job(res: dict, nlits: int) -> None:
              if g else "")
     print(f"\njob {res['dir']}  {shape}")
     print(f"  {res['files']} files, {res['bytes'] / MB:,.1f} MB read "
-          f"(rank logs {res['rank_log_bytes'] / MB:,.1f} MB); warm read {res['warm_read_s']:.2f} s")
+          f"(rank logs {res['rank_log_bytes'] / MB:,.1f} MB); warm read {res['warm_read_s']:.2f} s; "
+          f"load average {res['load_before']:.1f} before, {res['load_after']:.1f} after "
+          f"({cores()} cores)")
     print(f"  {'tool':<26}{'wall s':>9}{'MB/s':>9}{'RSS MB':>10}{'user s':>8}{'sys s':>7}")
     print(fmt_row("sattrib analyze --json", res["sattrib"]))
     st = res["sattrib_startup"]
@@ -508,7 +514,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", help="where generated jobs go (default: system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep generated folders")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="runs of sattrib and grep per job (the fastest is kept)")
+                    help="rounds per job, each running sattrib, grep -E and rg once in turn "
+                         "(each tool's median round is reported)")
     ap.add_argument("--quick", action="store_true", help="skip grep -F and prefilter-only runs")
     ap.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="N",
                     help="also run sattrib once under cProfile and print the top N functions")

@@ -7,7 +7,7 @@ extracts (collectors/output_lines.py), and what the extract costs one node's Epi
 
 Steps, on a job from bench/make_job.py (rank files in each node's folder):
   1. node side: for a few nodes, a fresh `python` that does what the Epilog does for that
-     node's rank files (output_lines.ship: load the rules, scan each file in a child process
+     node's rank files (node_output.ship: load the rules, scan each file in a child process
      with a deadline); wall time, peak RSS of the process and of its child.
   2. the extracts of every node (made in this process, as the nodes would, one file each).
   3. copy: the controller's copy of every rank file (slurm_job.copy_outputs, as the worker
@@ -42,12 +42,12 @@ NODE_SIDE = """
 import json, os, resource, sys, time
 t0 = time.monotonic()
 from sattrib.analysis import reader_limits
-from sattrib.collectors import output_lines
+from sattrib.collectors import node_output
 from sattrib.config import Settings
 paths = sys.argv[1:]
 st = Settings()
-out, notes = output_lines.ship(paths, os.getuid(), st.output_cap_mb << 20, reader_limits(st),
-                               [], time.monotonic() + st.epilog_budget_s)
+out, notes = node_output.ship(paths, os.getuid(), st.output_cap_mb << 20, reader_limits(st),
+                              [], time.monotonic() + st.epilog_budget_s)
 print(json.dumps({"wall_s": time.monotonic() - t0, "files": len(paths), "shipped": len(out),
                   "notes": notes, "chars": sum(len(o["lines"]) for o in out),
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,

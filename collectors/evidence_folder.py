@@ -1,11 +1,14 @@
 """The evidence-folder reader: a folder of logs -> documents and matched lines.
 
 Layout: `slurm/` (scheduler facts), `logs/` (job-level output), one folder per node (the folder
-name is the node name); `expected.json` and names starting with `_` or `.` are ignored. Files are
-classified by their content, not their name: a kernel log is recognised by its line prefixes, an
-nvidia-smi dump by its header. One exception, for safety: a file whose name says it is rank
-output (`*.stderr`, `*.err`, `*.out`, `rank*`) is always read as rank output, so a user's
-program cannot make its own output count as kernel evidence by imitating kernel lines.
+name is the node name); sattrib's own manifests (`diagnosis.json`, `actions.json`), a scored
+case's `expected.json`, a person's notes (`README*`, `NOTES*`, `*.md`) and names starting with
+`_` or `.` are ignored. Files are classified by
+their content, not their name, by the rows of collectors/sources.py: a kernel log is recognised
+by its line prefixes, an nvidia-smi dump by its header. One exception, for safety: a file whose
+name says it is rank output (`*.stderr`, `*.err`, `*.out`, `rank*`) is always read as rank
+output, so a user's program cannot make its own output count as kernel evidence by imitating
+kernel lines.
 """
 from __future__ import annotations
 
@@ -14,17 +17,18 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 from ..engine.extract import captures, found_for, line_rules, rules_by_source
 from ..engine.lineparse import TimeContext, clean, split_prefix
+from ..engine.localize import fr_lines
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
-from ..engine.taxonomy import Source
-from ..engine.localize import fr_lines
-from . import flight_recorder, ibstat, nvidia_smi, output_lines, probes_file, prometheus, \
-    slurm_state
+from ..engine.matcher import ShapeSearch, search_all
+from ..engine.taxonomy import Kind, Source
+from . import flight_recorder, output_lines, probes_file, prometheus, slurm_state, sources
 from .reader import EveryLine, Limits, SkipFile, open_regular, read_head, scan
+from .sources import PERSONS_NOTE, RESERVED, Read, Where
 
 def job_id_from_names(paths) -> Optional[str]:
     """The job id in Slurm's default output names (`slurm-<id>.out`, `slurm-<array>_<task>.out`)
@@ -34,25 +38,23 @@ def job_id_from_names(paths) -> Optional[str]:
     return ids.pop() if len(ids) == 1 else None
 
 
-RESERVED = {"slurm", "logs", "expected.json", "diagnosis.json"}
-# Job records under slurm/: read by their structure, never line by line (see _read_file).
-SCHEDULER_RECORDS = ("slurm_job", "sacct", "slurm_json")
 MAX_FILES_PER_DIR = 5000
 MAX_DEPTH = 3
 STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
 
-_RANK_NAME = re.compile(r"(?:^rank[-_.]?\d+|stderr|stdout|\.(?:err|out)(?:\.\d+)?(?:\.gz)?$)",
-                        re.I)
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
-_KERNEL_NAME = re.compile(r"(journal|dmesg|kern|messages|syslog|kmsg)", re.I)
-# Names of a kernel/system log that the collector or an admin put in a node folder (contract
-# §1): such a file is the kernel log whatever its lines look like.
-_KERNEL_FILE = re.compile(r"^(?:journal\.(?:log|txt)|dmesg.*|kern\.log.*|messages.*|syslog.*)$",
-                          re.I)
 _SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
 # A flight-recorder dump as NVIDIA's resiliency library names it (TORCH_FR_DUMP_TEMP_FILE ending
 # in /_dump_): read in a node's folder although its name starts with "_".
 _NVRX_DUMP = re.compile(r"_dump_\d{1,7}$")
+
+
+class Opened(NamedTuple):
+    """A file open for reading, and the head the reader sniffed it by."""
+    path: Path
+    fd: int
+    size: int
+    head: bytes
 
 
 def _srun_prefixed(head: bytes) -> bool:
@@ -61,60 +63,13 @@ def _srun_prefixed(head: bytes) -> bool:
     return len(lines) >= 3 and sum(1 for ln in lines if _SRUN.match(ln)) * 2 >= len(lines)
 
 
-def _classify(name: str, head: bytes, in_slurm: bool) -> tuple[str, Source]:
-    fr = None if in_slurm else flight_recorder.sniff(name, head)
-    if fr:                          # a rank's flight-recorder dump, or a node's facts of them
-        return "flight_recorder" + ("" if fr == "dump" else "_facts"), Source.stderr
-    text = head.decode("utf-8", "replace")
-    if in_slurm:
-        # A job record by its first line (a job's name may hold a line `JobId=...`), then by a
-        # record anywhere in it (whatever is pasted above the record, it is read as one).
-        if text.lstrip().startswith("{"):
-            return "slurm_json", Source.scheduler
-        if re.match(r"\s*JobID(?:Raw)?\|", text):
-            return "sacct", Source.scheduler
-        if re.search(r"^\s*JobId=\d", text, re.M):
-            return "slurm_job", Source.scheduler
-        if re.search(r"^JobID(?:Raw)?\|", text, re.M):
-            return "sacct", Source.scheduler
-        return "slurm_log", Source.scheduler
-    if _RANK_NAME.search(name):
-        return "rank_output", Source.stderr
-    if name == probes_file.NAME:
-        return "probe", Source.probe
-    if name == prometheus.METRICS_NAME:
-        return "metrics", Source.gpu
-    smi = nvidia_smi.sniff(text)
-    if smi:
-        return "nvidia_smi:" + smi, Source.gpu
-    if ibstat.sniff(text):
-        return "ibstat", Source.ib
-    if re.search(r"(Health Monitor Report|dcgmi |DCGM|\| Diagnostic)", text[:4096]):
-        return "dcgm", Source.dcgm
-    first = text.lstrip()[:2000]
-    if first.startswith("{") and ("__REALTIME_TIMESTAMP" in first or '"MESSAGE"' in first):
-        return "journal_json", Source.kernel
-    if _KERNEL_FILE.match(name):
-        return "kernel_log", Source.kernel
-    lines = [ln for ln in text.split("\n")[:300] if ln.strip()]
-    if lines:
-        kern = 0
-        for ln in lines:
-            p = split_prefix(clean(ln))
-            if p.kernel_form or (p.ident is not None and p.stamp is not None):
-                kern += 1
-        if kern / len(lines) >= 0.5 or (_KERNEL_NAME.search(name) and kern / len(lines) >= 0.2):
-            return "kernel_log", Source.kernel
-    return "rank_output", Source.stderr
-
-
 def _kernel_record(kind: str, p) -> bool:
     """Whether a kernel log's line (split_prefix's `p`) is the kernel's own: only what the
     kernel printed is kernel evidence, and it is read from the record's start. A line with no
     prefix at all in a file named as a kernel log is the message alone, as `journalctl -k -o
     cat` and `dmesg -t` print it (contract section 1); a line another program logged carries
     its identifier."""
-    return kind == "kernel_log" and (p.kernel_form or p.ident == "kernel" or (
+    return kind == Kind.kernel_log and (p.kernel_form or p.ident == "kernel" or (
         p.ident is None and p.stamp is None and p.host is None))
 
 
@@ -127,8 +82,8 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
         return
     if len(entries) > MAX_FILES_PER_DIR:
         # Rank output cannot crowd out the node's own logs: those are kept first.
-        system = [e for e in entries if not _RANK_NAME.search(e.name)]
-        ranks = [e for e in entries if _RANK_NAME.search(e.name)]
+        system = [e for e in entries if not sources.RANK_NAME.search(e.name)]
+        ranks = [e for e in entries if sources.RANK_NAME.search(e.name)]
         keep = system[:MAX_FILES_PER_DIR]
         keep += ranks[:MAX_FILES_PER_DIR - len(keep)]
         notes.append(f"{rel}: {len(entries)} entries, read {len(keep)} (logs and tool output "
@@ -136,6 +91,8 @@ def _walk(root: Path, rel: str, depth: int, out: list, notes: list) -> None:
         entries = sorted(keep, key=lambda e: e.name.removesuffix(".lines"))
     for e in entries:
         if e.name.startswith((".", "_")) and not (depth and _NVRX_DUMP.match(e.name)):
+            continue
+        if PERSONS_NOTE.search(e.name) and e.is_file(follow_symlinks=False):
             continue
         path = f"{rel}/{e.name}" if rel else e.name
         if e.is_symlink():
@@ -162,6 +119,7 @@ class FolderReader:
         self.job_id: Optional[str] = None   # whose scheduler records the rules read
         self._cands: dict = {}    # one tuple object per distinct set of candidate rules
         self._founds: dict = {}   # one Line.found per distinct search result (see _line)
+        self._shapes = ShapeSearch(rules.by_id)     # each message shape searched once
         self._no_stamps = 0
         self.owner = owner
         # Called as files are read: (files read, files in all, bytes read, bytes in all).
@@ -175,7 +133,7 @@ class FolderReader:
 
     def read(self, root: Path, name: Optional[str] = None) -> Bundle:
         root = Path(root)
-        bundle = Bundle(name=name or root.name, job=JobInfo())
+        bundle = Bundle(name=name or root.name, job=JobInfo(), counting=sources.COUNTING)
         top: list[tuple[Path, str]] = []
         _walk(root, "", 0, top, bundle.notes)
         slurm_files = [(p, r) for p, r in top if r.startswith("slurm/")]
@@ -200,7 +158,7 @@ class FolderReader:
         except OSError:
             bundle.node_dirs = []
         for path, rel in slurm_files:
-            if rel == "slurm/collect-notes.txt":
+            if (row := sources.manifest(rel)) is not None and row.read == Read.notes:
                 # What the controller could not collect (written by sattrib.collect).
                 try:
                     fd, _ = open_regular(str(path), owner=self.owner)
@@ -212,7 +170,7 @@ class FolderReader:
         self.clock = self._clock_offsets(other, bundle)
         jobs = []
         for path, rel in slurm_files + other:
-            if rel == "slurm/collect-notes.txt":
+            if sources.manifest(rel) is not None:
                 continue
             first = rel.split("/", 1)[0]
             node = first if ("/" in rel and first not in RESERVED) else lone
@@ -240,11 +198,11 @@ class FolderReader:
         for rel, head in self._heads(files, self.lim.sniff_bytes):
             if rel.endswith(output_lines.SUFFIX):
                 continue                              # a node's extract of job output
-            kind, _ = _classify(Path(rel).name, head, False)
-            if kind == "rank_output" or kind.startswith("flight_recorder"):
-                continue
+            row = sources.classify(Path(rel).name, head, Where.node)
+            if row.trust == Source.stderr:
+                continue                              # the job's, not the node's own record
             own = True
-            if kind == "kernel_log":
+            if row.kind == Kind.kernel_log:
                 for ln in head.decode("utf-8", "replace").split("\n")[:300]:
                     h = split_prefix(clean(ln)).host
                     if h and not h[0].isdigit() and h != "localhost":
@@ -261,7 +219,7 @@ class FolderReader:
         """The hang picture is across nodes: every node's GPU utilisation, read together."""
         found = []
         for doc in bundle.documents:
-            if doc.kind != "metrics" or doc.node is None:
+            if doc.kind != Kind.metrics or doc.node is None:
                 continue
             try:
                 fd, _ = open_regular(str(root / doc.path), owner=self.owner)
@@ -399,14 +357,14 @@ class FolderReader:
                 text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
             finally:
                 os.close(fd)
-            kind, _ = _classify(Path(rel).name, text[:65536].encode(), True)
-            if kind == "slurm_job":
+            kind = sources.classify(Path(rel).name, text[:65536].encode(), Where.slurm).kind
+            if kind == Kind.slurm_job:
                 found: list = []
                 scon += slurm_state.parse_scontrol(text, found)
                 bundle.notes += [f"{rel}: {n}" for n in found]
-            elif kind == "sacct":
+            elif kind == Kind.sacct:
                 sacct += slurm_state.parse_sacct(text)
-            elif kind == "slurm_json":
+            elif kind in (Kind.slurm_json, Kind.run_record):
                 js += slurm_state.parse_json(text)
         own = [j for j in js if j.own_run]
         other = [j for j in js if not j.own_run]
@@ -423,6 +381,7 @@ class FolderReader:
             job.start = run.start or job.start
             job.end = run.end or job.end
             job.nodes = run.nodes or job.nodes
+            job.snapshots = run.snapshots
             if job.state in ("PENDING", "REQUEUED"):
                 job.state = "REQUEUED"
         elif job.state == "PENDING" and runs:
@@ -468,6 +427,17 @@ class FolderReader:
         return any((c := by_id.get(r)) is not None and (
             c.rule.role.value == "root" or c.rule.decode) for r in lits)
 
+    def needs_neighbours(self, h) -> bool:
+        """Whether `_line` may bound this line's time by its neighbours': only a line a root or
+        decode rule matched, and only if its own stamp does not give the time whatever the
+        controller's time zone and reference year. The scanner cuts out no neighbour lines for
+        the others, and a node ships them without (output_lines)."""
+        if not self.wants_time(h.lits):
+            return False
+        stamp = h.meta[1].stamp if h.meta is not None else None
+        return not (stamp is not None and stamp.year is not None
+                    and TimeContext._mk(stamp, stamp.year, 0) is not None)
+
     @staticmethod
     def stamped_head(head: bytes) -> list[str]:
         """The lines among the first 50 of a file's head that carry a time stamp: what
@@ -491,59 +461,72 @@ class FolderReader:
             if node is None and not in_slurm:
                 # logs/ holds what the job printed: job output whatever its name or content
                 # (contract §1), so it never counts as kernel or GPU evidence.
-                kind, source = "rank_output", Source.stderr
+                row = sources.BY_KIND[Kind.rank_output]
             else:
-                kind, source = _classify(Path(rel).name, head, in_slurm)
-            doc = Document(path=rel, node=node, kind=kind, source=source, size=st.st_size)
+                row = sources.classify(Path(rel).name, head, Where.slurm if in_slurm
+                                       else Where.node)
+            if row.kind is None:
+                return                                 # a manifest of sattrib's own
+            doc = Document(path=rel, node=node, kind=row.kind, source=row.trust,
+                           size=st.st_size)
             bundle.documents.append(doc)
-            if kind == "flight_recorder":          # one the node folders' pass did not take
-                self._flight_lines(doc, flight_recorder.read_all(
-                    [str(path)], self.owner, flight_recorder.MAX_BYTES, time.monotonic() + 60),
-                    bundle)
-                return
-            if kind == "flight_recorder_facts":
-                dumps, notes = flight_recorder.read_facts(os.pread(
-                    fd, flight_recorder.MAX_FACTS_BYTES + 1, 0))
-                doc.notes.extend(notes)
-                self._flight_lines(doc, dumps, bundle)
-                return
-            if kind == "probe":
-                text = os.pread(fd, 1 << 20, 0).decode("utf-8", "replace")
-                for n, ln in probes_file.parse(text).probe_lines:
-                    bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
-                                             node=node, rank=None, message=clean(ln)[:500]))
-                return
-            if kind == "metrics":          # Prometheus series saved by the collector
-                found, notes = prometheus.lines(os.pread(fd, STRUCTURED_CAP, 0).decode(
-                    "utf-8", "replace"), node, rel)
-                bundle.lines.extend(found)
-                bundle.notes.extend(notes)
-                if any(ln.source == Source.probe for ln in found):
-                    doc.kind = "metrics_failed"      # missing, said by its probe line
-                return
-            if kind.startswith("nvidia_smi:") or kind == "ibstat":
-                text = os.pread(fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
-                if st.st_size > STRUCTURED_CAP:
-                    doc.truncated_bytes = st.st_size - STRUCTURED_CAP
-                facts = (nvidia_smi.PARSERS[kind.split(":")[1]](text) if kind != "ibstat"
-                         else ibstat.facts(text))
-                for n, orig, fact in facts:
-                    bundle.lines.append(Line(doc=rel, line=n, offset=0, source=source,
-                                             node=node, rank=None, shown=clean(orig)[:2000],
-                                             message=clean(fact)[:2000]))
-                return
-            if kind in SCHEDULER_RECORDS:
-                # What the job's user wrote into its record is no scheduler evidence: the
-                # rules read Slurm's own fields only (slurm_state.rule_view).
-                view = slurm_state.rule_view(kind, os.pread(fd, STRUCTURED_CAP, 0).decode(
-                    "utf-8", "replace"), self.job_id).encode()
-                res, srun = self.scan_output(fd, len(view), view[:self.lim.sniff_bytes],
-                                             pread=lambda n, off: view[off:off + n], kind=kind)
-            else:
-                res, srun = self.scan_output(fd, st.st_size, head, kind=kind)
-            self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
+            self.READERS[row.read](self, Opened(path, fd, st.st_size, head), doc, row, tc,
+                                   bundle)
         finally:
             os.close(fd)
+
+    def _scan(self, f: Opened, doc: Document, row, tc: TimeContext,
+              bundle: Bundle) -> None:
+        res, srun = self.scan_output(f.fd, f.size, f.head, kind=doc.kind)
+        self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
+
+    def _record(self, f: Opened, doc: Document, row, tc: TimeContext,
+                bundle: Bundle) -> None:
+        """What the job's user wrote into its record is no scheduler evidence: the rules read
+        Slurm's own fields only (slurm_state.rule_view)."""
+        view = slurm_state.rule_view(doc.kind, os.pread(f.fd, STRUCTURED_CAP, 0).decode(
+            "utf-8", "replace"), self.job_id).encode()
+        res, srun = self.scan_output(f.fd, len(view), view[:self.lim.sniff_bytes],
+                                     pread=lambda n, off: view[off:off + n], kind=doc.kind)
+        self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
+
+    def _facts(self, f: Opened, doc: Document, row, tc: TimeContext,
+               bundle: Bundle) -> None:
+        """A structured file, read whole up to STRUCTURED_CAP: one line per fact its parser
+        finds, tied to the line it came from."""
+        text = os.pread(f.fd, STRUCTURED_CAP, 0).decode("utf-8", "replace")
+        if f.size > STRUCTURED_CAP:
+            doc.truncated_bytes = f.size - STRUCTURED_CAP
+        for n, orig, fact in row.parse(text):
+            bundle.lines.append(Line(doc=doc.path, line=n, offset=0, source=doc.source,
+                                     node=doc.node, rank=None, shown=clean(orig)[:2000],
+                                     message=clean(fact)[:2000]))
+
+    def _metrics(self, f: Opened, doc: Document, row, tc: TimeContext,
+                 bundle: Bundle) -> None:
+        """Prometheus series saved by the collector."""
+        found, notes = prometheus.lines(os.pread(f.fd, STRUCTURED_CAP, 0).decode(
+            "utf-8", "replace"), doc.node, doc.path)
+        bundle.lines.extend(found)
+        bundle.notes.extend(notes)
+        if any(ln.source == Source.probe for ln in found):
+            doc.kind = Kind.metrics_failed      # missing, said by its probe line
+
+    def _dump(self, f: Opened, doc: Document, row, tc: TimeContext,
+              bundle: Bundle) -> None:
+        """A dump the node folders' pass (_read_dumps) did not take."""
+        self._flight_lines(doc, flight_recorder.read_all(
+            [str(f.path)], self.owner, flight_recorder.MAX_BYTES, time.monotonic() + 60), bundle)
+
+    def _dump_facts(self, f: Opened, doc: Document, row, tc: TimeContext,
+                    bundle: Bundle) -> None:
+        dumps, notes = flight_recorder.read_facts(os.pread(
+            f.fd, flight_recorder.MAX_FACTS_BYTES + 1, 0))
+        doc.notes.extend(notes)
+        self._flight_lines(doc, dumps, bundle)
+
+    READERS = {Read.scan: _scan, Read.record: _record, Read.facts: _facts,
+               Read.metrics: _metrics, Read.dump: _dump, Read.dump_facts: _dump_facts}
 
     def _read_dumps(self, jobs: list, bundle: Bundle) -> set:
         """The flight-recorder dumps in the node folders, read all at once in child processes
@@ -572,8 +555,8 @@ class FolderReader:
                                        flight_recorder.MAX_BYTES,
                                        time.monotonic() + 60 + len(found), workers)
         for (rel, node, size, _), dump in list(zip(found, got)) + [(f, f[3]) for f in failed]:
-            doc = Document(path=rel, node=node, kind="flight_recorder", source=Source.stderr,
-                           size=size)
+            doc = Document(path=rel, node=node, kind=Kind.flight_recorder,
+                           source=sources.BY_KIND[Kind.flight_recorder].trust, size=size)
             bundle.documents.append(doc)
             self._flight_lines(doc, [dump], bundle)
         return {f[0] for f in found + failed}
@@ -604,14 +587,16 @@ class FolderReader:
 
     FOUND_CACHE = 4096    # distinct search results remembered for sharing
 
-    def scan_output(self, fd: int, size: int, head: bytes, pread=None, kind="rank_output"):
+    def scan_output(self, fd: int, size: int, head: bytes, pread=None,
+                    kind: Kind = Kind.rank_output):
         """(ScanResult, srun-prefixed?) for an open file: the prefilter, then the rules
         on each line it found. Also what a node runs on its own ranks' files
         (collectors/output_lines.py)."""
-        srun = kind == "rank_output" and _srun_prefixed(head)
+        srun = kind == Kind.rank_output and _srun_prefixed(head)
         prefilter = EveryLine() if self.reference else self.rules.prefilter
         res = scan(fd, size, prefilter, self.lit_rules, self.lines_after, self.lim,
-                   confirm=self._confirmer(kind, srun), pread=pread)
+                   confirm=self._confirmer(kind, srun), pread=pread,
+                   neighbours=None if self.reference else self.needs_neighbours)
         return res, srun
 
     def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, srun: bool,
@@ -620,7 +605,7 @@ class FolderReader:
         doc.notes.extend(notes)
         rank_hint = None
         m = _RANK_IN_NAME.search(Path(doc.path).name)
-        if m and doc.kind == "rank_output":
+        if m and doc.kind == Kind.rank_output:
             rank_hint = int(m.group(1))
         self._no_stamps = 0
         for h in hits:
@@ -639,12 +624,12 @@ class FolderReader:
             rep.notes.append(f"extracted on the node with rules {rep.header.get('rules')}, "
                              f"not these ({self.rules.version}): lines only these rules "
                              "match are not in it")
-        doc = Document(path=rel[:-len(output_lines.SUFFIX)], node=node, kind="rank_output",
-                       source=Source.stderr, size=rep.header["size"])
+        doc = Document(path=rel[:-len(output_lines.SUFFIX)], node=node, kind=Kind.rank_output,
+                       source=sources.BY_KIND[Kind.rank_output].trust, size=rep.header["size"])
         bundle.documents.append(doc)
         # The node kept the lines its rules confirmed; confirming them again here, in order,
         # gives the same matches (and the same context-rule counts) the scan had.
-        confirm = self._confirmer("rank_output", rep.header["srun"])
+        confirm = self._confirmer(Kind.rank_output, rep.header["srun"])
         hits = []
         for h in rep.hits:
             h.lits, h.meta = confirm(h.data, h.lits)
@@ -655,10 +640,10 @@ class FolderReader:
 
     CONTEXT_CAP = 2       # lines per file kept for a rule that only locates (role context)
 
-    def _confirmer(self, kind: str, srun: bool):
+    def _confirmer(self, kind: Kind, srun: bool):
         """Runs the rules a line's literals point at; the scanner drops lines none matches."""
         by_id = self.rules.by_id
-        if kind == "journal_json":
+        if kind == Kind.journal_json:
             return None                    # JSON records are confirmed after decoding
         context = self._context_rules
         context_count: dict[str, int] = {}
@@ -671,13 +656,8 @@ class FolderReader:
             p = split_prefix(text, srun=srun)
             msg = p.message.encode("utf-8", "replace")
             kernel = _kernel_record(kind, p)
-            hit = {}
-            for rid in lits:
-                c = by_id.get(rid)
-                if c is not None:
-                    m = c.search(msg, kernel)
-                    if m:
-                        hit[rid] = m
+            hit = search_all(by_id, msg, lits, kernel) if self.reference else \
+                self._shapes(msg, lits, kernel)
             if hit and hit.keys() <= context:
                 first = min(hit)
                 n = context_count[first] = context_count.get(first, 0) + 1
@@ -690,7 +670,7 @@ class FolderReader:
 
     def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
               rank_hint: Optional[int]) -> Optional[Line]:
-        if doc.kind == "journal_json":
+        if doc.kind == Kind.journal_json:
             return self._journal_line(doc, h, h.data.decode("utf-8", "replace"),
                                       self.clock.get(doc.node, 0.0) if doc.node else 0.0)
         matches = None
@@ -700,7 +680,7 @@ class FolderReader:
             text = clean(h.data.decode("utf-8", "replace"))
             p = split_prefix(text, srun=srun)
         source = doc.source
-        if doc.kind == "kernel_log":
+        if doc.kind == Kind.kernel_log:
             source = Source.kernel if _kernel_record(doc.kind, p) else Source.system
         rank = p.rank if p.rank is not None else rank_hint
         ts = tc.epoch(p.stamp)

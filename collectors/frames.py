@@ -4,17 +4,14 @@ job's code rather than an installed package, the standard library or torch.
 For an application error or an out-of-memory error the engineer wants the line in their own code
 (`packed.py`, line 118), not the forty frames of the framework around it. The traceback printed
 just before the root evidence line is read back from the evidence file (the reader keeps only
-the lines that rules match) and its frames are filtered.
+the lines that rules match) and its frames are filtered; output_lines.user_frames reads it from
+a bundle.
 """
 from __future__ import annotations
 
-import os
 import re
 from collections import deque
-from pathlib import Path
 from typing import Optional
-
-from .reader import SkipFile, open_regular
 
 MAX_FRAMES = 3            # innermost user frames kept
 LOOKBACK = 400            # lines before the error line searched for its traceback
@@ -51,7 +48,7 @@ def frames_before(lines: list[str]) -> list[dict]:
     return [f for f in found if is_user_file(f["file"])][:MAX_FRAMES]
 
 
-def _lines_up_to(pread, line: Optional[int], offset: Optional[int]) -> list[str]:
+def lines_up_to(pread, line: Optional[int], offset: Optional[int]) -> list[str]:
     """The LOOKBACK lines that end with the error line (given by byte offset or line number).
     `pread(n, offset)` reads the file (or a view of it)."""
     if offset is not None:
@@ -115,75 +112,5 @@ def frames_at(pread, hits: list) -> list[list[dict]]:
         return [[] for _ in hits]
     by_line = frames_source_lines(pread, {ln for ln, _ in hits if ln})
     return [frames_before(by_line.get(ln, [])) if ln else
-            frames_before(_lines_up_to(pread, None, off)) if off is not None else []
+            frames_before(lines_up_to(pread, None, off)) if off is not None else []
             for ln, off in hits]
-
-
-def _shipped(folder: Path, path: str, line: Optional[int], offset: Optional[int],
-             owner: Optional[int]) -> list[dict]:
-    """The frames a node found above that line, from its extract `path.lines`."""
-    from . import output_lines
-    fd = _open_file(folder, path + ".lines", owner)
-    if fd is None:
-        return []
-    try:
-        rep = output_lines.read(fd)
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-    return rep.frames.get((line, offset), []) if rep else []
-
-
-def _open_dirs(folder: Path, path: str):
-    """(descriptor of the folder holding `path`, its last name), every folder on the way
-    opened without following links, as the reader does; None when one cannot be."""
-    dir_fd = None
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        for part in Path(path).parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=dir_fd)
-            os.close(dir_fd)
-            dir_fd = nxt
-    except OSError:
-        if dir_fd is not None:
-            os.close(dir_fd)
-        return None
-    return dir_fd, Path(path).parts[-1]
-
-
-def _open_file(folder: Path, path: str, owner: Optional[int]) -> Optional[int]:
-    """A descriptor on the regular file at `path` under `folder`, opened as the reader opens
-    evidence (no links followed, owner checked); None when it cannot be safely."""
-    d = _open_dirs(folder, path)
-    if d is None:
-        return None
-    dir_fd, name = d
-    try:
-        return open_regular(name, dir_fd=dir_fd, owner=owner)[0]
-    except SkipFile:
-        return None
-    finally:
-        os.close(dir_fd)
-
-
-def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[int],
-                owner: Optional[int] = None) -> list[dict]:
-    """The user's innermost frames above the error line at `path` (relative to `folder`).
-    Nothing when the file cannot be read safely or holds no Python traceback there."""
-    if not path or ".." in Path(path).parts:
-        return []
-    if not os.path.lexists(folder / path) and os.path.lexists(folder / (path + ".lines")):
-        return _shipped(folder, path, line, offset, owner)
-    fd = _open_file(folder, path, owner)
-    if fd is None:
-        return []
-    try:
-        if os.pread(fd, 2, 0) == b"\x1f\x8b":
-            return []                      # compressed: a traceback there is not read back
-        return frames_before(_lines_up_to(lambda n, off: os.pread(fd, n, off), line, offset))
-    except OSError:
-        return []
-    finally:
-        os.close(fd)

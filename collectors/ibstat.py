@@ -1,14 +1,21 @@
 """InfiniBand / RoCE port state -> fact lines.
 
-Reads `ibstat` text and the flattened sysfs form sattrib's node snapshot writes
-(`mlx5_0/ports/1/state<TAB>4: ACTIVE`, one file per line). Each port becomes one fact,
+Reads `ibstat` text and the flattened sysfs form sattrib's node snapshot writes (`take`:
+`mlx5_0/ports/1/state<TAB>4: ACTIVE`, one file per line). Each port becomes one fact,
 `ib hca=mlx5_3 port=1 state=Down phys=Polling layer=Ethernet`, tied to the line of its state;
 error counters become `ib hca=mlx5_3 port=1 counter.link_downed=2`.
 """
 from __future__ import annotations
 
+import os
 import re
-from typing import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from .node_snapshot import Take
+
+NAME = "ibstat.txt"
 
 _CA = re.compile(r"^CA '([^']+)'")
 _PORT = re.compile(r"^\s+Port (\d+):")
@@ -85,3 +92,42 @@ def facts(text: str) -> Iterator[tuple[int, str, str]]:
     for (h, p), rec in sorted(sysfs.items()):
         if "state" in rec:
             yield rec["_line"][0], rec["_line"][1], _fact(h, p, rec)
+
+
+def ib_ports(root: str = "/sys/class/infiniband", max_files: int = 4000) -> str:
+    """Port state and error counters of every HCA, flattened `path<TAB>value` per line."""
+    base = Path(root)
+    if not base.is_dir():
+        return ""
+    lines = []
+    n = 0
+    for hca in sorted(os.listdir(base)):
+        ports = base / hca / "ports"
+        try:
+            port_names = sorted(os.listdir(ports))
+        except OSError:
+            continue
+        for port in port_names:
+            rel = f"{hca}/ports/{port}"
+            files = ["state", "phys_state", "link_layer", "rate"] + [
+                f"counters/{c}" for c in ("link_downed", "link_error_recovery", "symbol_error",
+                                          "port_rcv_errors", "local_link_integrity_errors",
+                                          "port_rcv_remote_physical_errors",
+                                          "excessive_buffer_overrun_errors",
+                                          "port_xmit_discards")]
+            for f in files:
+                n += 1
+                if n > max_files:
+                    return "\n".join(lines) + "\n"
+                try:
+                    with open(base / hca / "ports" / port / f, "rb") as fh:
+                        val = fh.read(256).decode("utf-8", "replace").strip()
+                except OSError:
+                    continue
+                lines.append(f"{rel}/{f}\t{val}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def take(ctx: Take) -> dict[str, str]:
+    ib = ib_ports(ctx.ib_root)
+    return {NAME: ib} if ib else {}

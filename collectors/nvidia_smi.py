@@ -5,13 +5,24 @@ nest them by indentation or elements. The parsers below flatten every field of e
 normalized fact, `gpu=0000:52:00.0 ecc_errors.volatile.dram_uncorrectable=1`, and keep the
 line number of the field in the original file, so the evidence still points at `path:line`.
 Error output (`Failed to initialize NVML: ...`, `Unable to determine the device handle ...`)
-passes through as it is. Pure functions; `collect` runs the command with a deadline.
+passes through as it is. Pure functions; `take` runs the command with a deadline.
 """
 from __future__ import annotations
 
 import re
 import xml.parsers.expat
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+from . import probe
+
+if TYPE_CHECKING:
+    from .node_snapshot import Take
+
+PROBE = "nvidia-smi"
+XML_NAME = "nvidia-smi.xml"      # `nvidia-smi -q -x`, as a node's Epilog takes it
+ERROR_NAME = "nvidia-smi.txt"    # what it printed when it failed (evidence in itself)
+FILES = (XML_NAME, ERROR_NAME)
+MAX_BYTES = 16 << 20
 
 Fact = tuple[int, str, str]   # (line number, original line, fact)
 
@@ -167,3 +178,19 @@ PARSERS = {"q": facts_from_q, "xml": facts_from_xml, "csv": facts_from_csv,
            "nvlink": facts_from_nvlink,
            "error": lambda t: ((n, ln, ln.strip()) for n, ln in enumerate(t.split("\n"), 1)
                                if ln.strip())}
+
+
+def facts(text: str) -> Iterator[tuple[int, str, str]]:
+    """(line, as printed, fact) for each field of any of the forms above."""
+    return PARSERS[sniff(text[:65536]) or "error"](text)
+
+
+def take(ctx: Take) -> dict[str, str]:
+    r = probe.run(PROBE, [PROBE, "-q", "-x"], ctx.deadline(), max_bytes=MAX_BYTES)
+    ctx.probes.append(r.record())
+    if r.ok:
+        return {XML_NAME: r.out.decode("utf-8", "replace")}
+    # "Failed to initialize NVML: ..." and "Unable to determine the device handle ..." are
+    # evidence in themselves.
+    return {ERROR_NAME: (r.out + r.err).decode("utf-8", "replace")[-65536:]} if r.out or r.err \
+        else {}

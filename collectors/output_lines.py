@@ -31,11 +31,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 from typing import Optional
 
-from ..engine.lineparse import TimeContext
-from .frames import frames_at
-from .reader import Limits, RawHit, SkipFile, open_regular, read_head
+from .frames import frames_at, frames_before, lines_up_to
+from .reader import Limits, RawHit, SkipFile, open_regular, open_under, read_head
 
 FORMAT = "sattrib-lines/1"
 SUFFIX = ".lines"
@@ -106,7 +106,7 @@ def extract(src: str, owner: Optional[int], cap: int, reader, rules_version: str
     rows = [json.dumps(header, sort_keys=False)]
     for h, fr in zip(res.hits, frames):
         rec = {"o": h.offset, "n": h.line, "t": _text(h.data), "l": sorted(h.lits)}
-        if _needs_neighbours(reader, h):
+        if reader.needs_neighbours(h):
             rec.update(p=[_text(b) for b in h.prev], x=[_text(b) for b in h.next])
         if h.following:
             rec["f"] = [_text(b) for b in h.following]
@@ -115,17 +115,6 @@ def extract(src: str, owner: Optional[int], cap: int, reader, rules_version: str
         rows.append(json.dumps(rec, ensure_ascii=False))
     out["lines"] = "\n".join(rows) + "\n"
     return out
-
-
-def _needs_neighbours(reader, h) -> bool:
-    """Whether the reader may bound this line's time by its neighbours' (FolderReader._line):
-    only a line a root or decode rule matched, and only if its own stamp does not give the
-    time whatever the controller's time zone and reference year. Others ship without them."""
-    if not reader.wants_time(h.lits):
-        return False
-    stamp = h.meta[1].stamp if h.meta is not None else None
-    return not (stamp is not None and stamp.year is not None
-                and TimeContext._mk(stamp, stamp.year, 0) is not None)
 
 
 def _text(b: bytes) -> str:
@@ -222,51 +211,38 @@ def read(fd: int) -> Optional[Replay]:
     return rep
 
 
-MAX_SHIP = 64 << 20            # characters of extracts one node ships in its snapshot
-
-
-def ship(paths: list, owner: Optional[int], cap: int, limits: Limits, rules_dirs: list,
-         deadline: float, gid: Optional[int] = None) -> tuple[list, list]:
-    """What a node's Epilog ships for its own output files: (outputs, notes), outputs being
-    [{"source", "lines"}]. The rules load (as root) and every file is read (as the job's user
-    `owner`, `gid`: reader.become) in a child process killed at the deadline
-    (slurm_job.in_child); a file not finished by then, or past MAX_SHIP, is left to the
-    controller, which copies it."""
-    from pathlib import Path
-
-    from ..engine.rules import load_rules
-    from .evidence_folder import FolderReader
-    from .slurm_job import in_child
-
-    state: dict = {}
-
-    def setup() -> None:
-        rules = load_rules([Path(d) for d in rules_dirs], lenient_site=True)
-        state.update(reader=FolderReader(rules, limits=limits), version=rules.version)
-
-    def work(i: int) -> dict:
-        return extract(paths[i], owner, cap, state["reader"], state["version"])
-
-    notes: list = []
+def _shipped(folder: Path, path: str, line: Optional[int], offset: Optional[int],
+             owner: Optional[int]) -> list[dict]:
+    """The frames a node found above that line, from its extract `path.lines`."""
+    fd = open_under(folder, path + ".lines", owner)
+    if fd is None:
+        return []
     try:
-        done, timed_out = in_child(len(paths), work, deadline, as_user=(owner, gid),
-                                   setup=setup)
-    except OSError as e:
-        return [], [f"job output not read on the node: cannot start the reader ({e.strerror})"]
-    outputs, total, left = [], 0, 0
-    for i in range(len(paths)):
-        got = done.get(i)
-        if got is None or got.get("lines") is None:
-            left += got is None
-            notes.extend((got or {}).get("notes") or [])
-            continue
-        total += len(got["lines"])
-        if total > MAX_SHIP:
-            left += 1
-            continue
-        outputs.append({"source": got["source"], "lines": got["lines"]})
-    if left:
-        notes.append(f"{left} of {len(paths)} output files left to the controller ("
-                     + ("the Epilog's deadline came first)" if timed_out else
-                        f"more than {MAX_SHIP >> 20} MiB of extracts)"))
-    return outputs, notes
+        rep = read(fd)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return rep.frames.get((line, offset), []) if rep else []
+
+
+def user_frames(folder: Path, path: str, line: Optional[int], offset: Optional[int],
+                owner: Optional[int] = None) -> list[dict]:
+    """The user's innermost frames above the error line at `path` (relative to `folder`): read
+    back from the file, or, where a node shipped its extract instead, from the extract.
+    Nothing when the file cannot be read safely or holds no Python traceback there."""
+    if not path or ".." in Path(path).parts:
+        return []
+    if not os.path.lexists(folder / path) and os.path.lexists(folder / (path + ".lines")):
+        return _shipped(folder, path, line, offset, owner)
+    fd = open_under(folder, path, owner)
+    if fd is None:
+        return []
+    try:
+        if os.pread(fd, 2, 0) == b"\x1f\x8b":
+            return []                      # compressed: a traceback there is not read back
+        return frames_before(lines_up_to(lambda n, off: os.pread(fd, n, off), line, offset))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)

@@ -2,7 +2,7 @@
 node's Epilog started. Written once here (by the controller worker) and read once here (by the
 evidence-folder reader); the diagnosis meets its `probe=` lines through the `probe.failed` rule.
 
-    probe=<name> source=<kernel|gpu|dcgm|ib|...> ok=<true|false> reason=<text|-> seconds=<s>
+    probe=<name> source=<kernel|gpu|dcgm|...> ok=<true|false> reason=<text|-> seconds=<s>
     snapshot trusted by <how the spool authenticated it>
     clock node_time=<epoch> controller_end=<epoch> offset_s=<node minus controller>
 """
@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 NAME = "sattrib-probes.txt"
-# Which evidence source each node probe stands for (its absence is that source missing).
-PROBE_SOURCE = {"journalctl": "kernel", "dmesg": "kernel", "nvidia-smi": "gpu",
-                "dcgmi": "dcgm", "munge": "spool"}
 _CLOCK = re.compile(r"^clock .*offset_s=(-?\d+(?:\.\d+)?)", re.M)
 
 
@@ -25,10 +22,12 @@ class ProbesFile:
     clock_offset: Optional[float] = None       # node clock minus slurmctld's, seconds
 
 
-def render(probes: list[dict], trusted_by: str, taken_at, controller_end) -> str:
+def render(probes: list[dict], trusted_by: str, taken_at, controller_end, source_of) -> str:
+    """The file's text; `source_of(probe name)`: the evidence source the probe stands for (its
+    failure leaves that source missing; collectors/sources.py)."""
     lines = []
     for p in probes:
-        src = PROBE_SOURCE.get(p.get("name"), p.get("name"))
+        src = source_of(p.get("name"))
         lines.append(f"probe={p.get('name')} source={src} ok={str(p.get('ok')).lower()} "
                      f"reason={p.get('reason') or '-'} seconds={p.get('seconds', 0):.2f}")
     lines.append(f"snapshot trusted by {trusted_by}")
@@ -37,6 +36,11 @@ def render(probes: list[dict], trusted_by: str, taken_at, controller_end) -> str
         lines.append(f"clock node_time={taken_at:.3f} controller_end={controller_end:.3f} "
                      f"offset_s={taken_at - controller_end:.1f}")
     return "\n".join(lines) + "\n"
+
+
+def facts(text: str):
+    """(line, as printed, fact) of each probe line: what the `probe.failed` rule reads."""
+    return ((n, ln, ln) for n, ln in parse(text).probe_lines)
 
 
 def parse(text: str) -> ProbesFile:

@@ -21,6 +21,7 @@ import stat
 import sys
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Optional
 
 MiB = 1 << 20
@@ -54,6 +55,7 @@ class RawHit:
     need_following: int = 0
     next_from: int = 0
     partial: bool = False       # the last neighbour line taken continues in the next chunk
+    neighbours: bool = True     # its neighbour lines may bound its time (else none are cut out)
     meta: object = None         # what the confirm step learnt about the line (reused later)
 
 
@@ -100,6 +102,40 @@ def open_regular(path: str, *, dir_fd: Optional[int] = None,
     finally:
         os.close(pfd)
     return fd, st
+
+
+def _open_dirs(folder: Path, path: str):
+    """(descriptor of the folder holding `path`, its last name), every folder on the way
+    opened without following links, as the reader does; None when one cannot be."""
+    dir_fd = None
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for part in Path(path).parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = nxt
+    except OSError:
+        if dir_fd is not None:
+            os.close(dir_fd)
+        return None
+    return dir_fd, Path(path).parts[-1]
+
+
+def open_under(folder: Path, path: str, owner: Optional[int]) -> Optional[int]:
+    """A descriptor on the regular file at `path` under `folder`, opened as the reader opens
+    evidence (no links followed on the way or at the end, owner checked); None when it cannot
+    be safely."""
+    d = _open_dirs(folder, path)
+    if d is None:
+        return None
+    dir_fd, name = d
+    try:
+        return open_regular(name, dir_fd=dir_fd, owner=owner)[0]
+    except SkipFile:
+        return None
+    finally:
+        os.close(dir_fd)
 
 
 def _not_regular(mode: int) -> str:
@@ -201,8 +237,10 @@ class EveryLine:
 
 
 class _Scanner:
-    def __init__(self, prefilter, lit_rules, lines_after: dict, limits: Limits, confirm=None):
+    def __init__(self, prefilter, lit_rules, lines_after: dict, limits: Limits, confirm=None,
+                 neighbours=None):
         self.confirm = confirm
+        self.neighbours = neighbours
         self.pf = prefilter
         self.lit_rules = lit_rules
         self.lines_after = lines_after
@@ -224,7 +262,9 @@ class _Scanner:
             self.dropped += 1
 
     def run(self, chunks: Iterator[bytes], lineno: Optional[int], base: int,
-            skip_partial: bool) -> None:
+            skip_partial: bool, length: Optional[int] = None) -> None:
+        """Scan the chunks in turn. `length`, when known, is how many bytes they hold: the
+        round that reaches it is the last one (no newline after its last kept hit is counted)."""
         lim = self.lim
         buf = b""
         scan_from = 0           # index in buf where the prefilter has not run yet
@@ -232,9 +272,11 @@ class _Scanner:
         it = iter(chunks)
         eof = False
         first = skip_partial
+        got = 0
         while not eof:
             data = next(it, b"")
-            eof = not data
+            got += len(data)
+            eof = not data or (length is not None and got >= length)
             buf = buf + data if buf else data
             if first:
                 nl = buf.find(b"\n")
@@ -259,6 +301,8 @@ class _Scanner:
                     end = len(buf) - lim.segment_max   # long line: scan most of it now
             self._complete_pending(buf, scan_from, end, eof)
             counted_to, newlines = self._scan(buf, scan_from, end, base, lineno, eof)
+            if eof:
+                break         # no line after the last kept one needs its number
             # Keep some lines before `end` as context for the next round, bounded in size.
             keep = end
             for _ in range(lim.context_lines):
@@ -267,7 +311,7 @@ class _Scanner:
                 keep = buf.rfind(b"\n", 0, keep - 1) + 1
             keep = max(keep, end - lim.segment_max, 0)
             if lineno is not None:
-                # _scan counted the newlines up to its last hit; count only the rest once.
+                # _scan counted the newlines up to its last kept hit; count only the rest once.
                 if counted_to <= keep:
                     lineno += newlines + buf.count(b"\n", counted_to, keep)
                 else:
@@ -309,11 +353,12 @@ class _Scanner:
     def _add_next(self, h: RawHit, line: bytes) -> None:
         lim = self.lim
         line = line.rstrip(b"\r")
-        if len(h.next) < lim.context_lines:
+        context = lim.context_lines if h.neighbours else 0
+        if len(h.next) < context:
             h.next.append(line[:lim.context_bytes])
         if len(h.following) < h.need_following:
             h.following.append(line[: 4096])
-        h.need = max(lim.context_lines - len(h.next), h.need_following - len(h.following), 0)
+        h.need = max(context - len(h.next), h.need_following - len(h.following), 0)
 
     def _scan(self, buf: bytes, start: int, end: int, base: int, lineno: Optional[int],
               eof: bool) -> tuple[int, int]:
@@ -326,7 +371,6 @@ class _Scanner:
                              (buf if end == len(buf) else memoryview(buf)[:end]))
         if not found:
             return 0, 0
-        count_pos, count_line = 0, lineno
         cur = None
         new_hits: list[RawHit] = []
         prev_end = self.scanned_abs
@@ -341,19 +385,17 @@ class _Scanner:
             ls = buf.rfind(b"\n", 0, p) + 1
             le = buf.find(b"\n", p)
             le = len(buf) if le < 0 else le
-            if count_line is not None:
-                count_line += buf.count(b"\n", count_pos, ls)
-                count_pos = ls
             # The segment: this line, or the CR-separated part of it, cut to segment_max.
             ss = max(ls, p - lim.segment_max // 2, buf.rfind(b"\r", ls, p) + 1)
             se = min(le, p + lim.segment_max // 2)
             cr = buf.find(b"\r", p, se)
             if cr >= 0:
                 se = cr
-            cur = RawHit(offset=base + ss, line=count_line, data=buf[ss:se],
+            cur = RawHit(offset=base + ss, line=None, data=buf[ss:se],
                          lits=set(self.lit_rules[lit]), next_from=min(le + 1, len(buf)))
             new_hits.append(cur)
         kept = []
+        count_pos, count_line = 0, lineno
         for cur in new_hits:
             if self.confirm is not None:
                 # Only lines a rule really matches get their context cut out and kept.
@@ -361,10 +403,17 @@ class _Scanner:
                 if not cur.lits:
                     continue
             kept.append(cur)
+            if self.neighbours is not None:
+                cur.neighbours = self.neighbours(cur)
             ls = cur.offset - base
             ls = buf.rfind(b"\n", 0, ls) + 1 if ls > 0 and buf[ls - 1:ls] != b"\n" else ls
+            if count_line is not None:
+                # Newlines are counted only up to lines that are kept: most hits are not.
+                count_line += buf.count(b"\n", count_pos, ls)
+                count_pos = ls
+                cur.line = count_line
             # Previous lines, nearest first (their prefixes only).
-            q = ls
+            q = ls if cur.neighbours else 0
             while q > 0 and len(cur.prev) < lim.context_lines:
                 qs = buf.rfind(b"\n", 0, q - 1) + 1
                 cur.prev.append(buf[qs:min(q - 1, qs + lim.context_bytes)].rstrip(b"\r"))
@@ -372,7 +421,7 @@ class _Scanner:
         for h in kept:
             self._keep(h)
             h.need_following = max((self.lines_after.get(r, 0) for r in h.lits), default=0)
-            h.need = max(lim.context_lines, h.need_following)
+            h.need = max(lim.context_lines if h.neighbours else 0, h.need_following)
             p = h.next_from
             while h.need > 0 and p < len(buf):
                 le = buf.find(b"\n", p)
@@ -392,15 +441,17 @@ class _Scanner:
 
 
 def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
-         limits: Limits, confirm=None, pread=None) -> ScanResult:
+         limits: Limits, confirm=None, pread=None, neighbours=None) -> ScanResult:
     """Scan an open file for prefilter literals. Gzip files are decompressed on the fly.
 
     `confirm(line_bytes, rule_ids) -> (rule_ids, meta)`, when given, runs the rules on each
     line the prefilter found and drops the line when none matches. `pread(n, offset)`, when
     given, reads the file instead of `os.pread(fd, ...)` (a view of part of it: see
-    output_lines.copy_view); such a view is never gzip-decoded."""
+    output_lines.copy_view); such a view is never gzip-decoded. `neighbours(hit)`, when given,
+    says whether a kept line's neighbour lines may be needed (for its time); when it says no,
+    none are cut out for it."""
     res = ScanResult(hits=[], size=size, scanned=0)
-    sc = _Scanner(prefilter, lit_rules, lines_after, limits, confirm)
+    sc = _Scanner(prefilter, lit_rules, lines_after, limits, confirm, neighbours)
     view = pread is not None
     pread = pread or (lambda n, off: os.pread(fd, n, off))
     head = b"" if view else pread(2, 0)
@@ -408,14 +459,14 @@ def scan(fd: int, size: int, prefilter, lit_rules, lines_after: dict,
         res.compressed = True
         sc.run(_gz_chunks(fd, limits.file_cap, limits.chunk, res), 1, 0, False)
     elif size <= limits.file_cap:
-        sc.run(_chunks(pread, 0, size, limits.chunk), 1, 0, False)
+        sc.run(_chunks(pread, 0, size, limits.chunk), 1, 0, False, size)
         res.scanned = size
     else:
         half = limits.file_cap // 2
         sc.run(_chunks(pread, 0, half, limits.chunk), 1, 0, False)
         at_line_start = pread(1, size - half - 1) == b"\n"
         sc.run(_chunks(pread, size - half, half, limits.chunk), None, size - half,
-               not at_line_start)
+               not at_line_start, half)
         res.scanned = 2 * half
         res.cut = size - 2 * half
         res.notes.append(f"read first and last {_size(half)} of {_size(size)}; "

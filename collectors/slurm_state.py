@@ -417,8 +417,21 @@ def parse_json(text: str) -> list[JobInfo]:
             end=float(end) if end else None,
             nodes=expand(_str(r.get("nodes")) or ""),
             num_tasks=int(tasks) if tasks is not None else None,
-            batch_host=_str(r.get("batch_host")), own_run=bool(r.get("sattrib_run"))))
+            batch_host=_str(r.get("batch_host")), own_run=bool(r.get("sattrib_run")),
+            snapshots=_snapshots(r.get("snapshots")) if r.get("sattrib_run") else []))
     return out
+
+
+SNAPSHOT_STATES = ("present", "missing", "not_due")
+
+
+def _snapshots(v) -> list:
+    """sattrib's record of the run: [{"node", "state", "reason"}] -> (node, state, reason)."""
+    if not isinstance(v, list):
+        return []
+    return [(s["node"][:256], s["state"], _str(s.get("reason"))) for s in v[:100_000]
+            if isinstance(s, dict) and isinstance(s.get("node"), str)
+            and s.get("state") in SNAPSHOT_STATES]
 
 
 # scontrol's names of the --json fields (data_parser v0.0.38 .. v0.0.44, and pyslurm's record).
@@ -465,6 +478,21 @@ def _keep(text: str, spans) -> str:
     return "".join(out + [_blank(text[pos:])])
 
 
+def record_kind(text: str) -> Optional[str]:
+    """Which scheduler record a file under slurm/ holds ("slurm_json", "sacct", "slurm_job"),
+    None for none (a log): by its first line (a job's name may hold a line `JobId=...`), then
+    by a record anywhere in it (whatever is pasted above the record, it is read as one)."""
+    if text.lstrip().startswith("{"):
+        return "slurm_json"
+    if re.match(r"\s*JobID(?:Raw)?\|", text):
+        return "sacct"
+    if re.search(r"^\s*JobId=\d", text, re.M):
+        return "slurm_job"
+    if re.search(r"^JobID(?:Raw)?\|", text, re.M):
+        return "sacct"
+    return None
+
+
 def rule_view(kind: str, text: str, job_id: Optional[str] = None) -> str:
     """What the rules may read of a scheduler record (`kind` as the evidence folder names it):
     the same lines, Slurm's own fields only. Of `scontrol show job` text the keys and values
@@ -488,7 +516,7 @@ def rule_view(kind: str, text: str, job_id: Optional[str] = None) -> str:
             # The column separators stay: a blanked name still leaves the State column third.
             spans += [(c[1], c[1] + 1) for c in cols[:-1] if c is not None]
         return _keep(text, sorted(spans))
-    if kind == "slurm_json":
+    if kind in ("slurm_json", "run_record"):
         return _json_view(text, job_id)
     return text
 

@@ -10,7 +10,7 @@ from .decode import Event
 from .incident import Incident
 from .lineparse import iso_utc
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Metric,
-                     Symptom)
+                     SourceState, Symptom)
 from .taxonomy import TRUST, Action, Outcome, Role, Source, Tag
 from .verdict import cause_action, cause_blame, cause_trust, contradicted_by, rank_list
 from .xid import meaning as xid_meaning
@@ -84,7 +84,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
             text=e.line.text[:1000], rule=e.rule.id, rank=e.rank, gpu=e.gpu,
             category=e.category, offset=e.line.offset if e.line.line is None else None,
             cursor=e.line.cursor, root=root_id if e.id != root_id else None,
-            metric=Metric(**e.line.metric) if e.line.metric else None))
+            metric=Metric(**e.line.metric) if e.line.metric else None, because=e.why or None))
 
     causes = []
     for inc in winners:
@@ -119,7 +119,7 @@ def assemble(bundle, rules, st, events, links, winners, demoted, outcome, notes,
             rule=first.rule.id))
 
     affected = sorted({e.node for e in events if e.node and e.role != Role.context})
-    completeness = _completeness(bundle, events, notes, winners)
+    completeness = _completeness(bundle, events, notes)
     completeness.notes = list(findings) + completeness.notes
     if outcome == Outcome.attributed:
         root = causes[0]
@@ -198,49 +198,42 @@ def _explain_attributed(root: Cause, inc: Incident, symptoms: list[Symptom]) -> 
     return s
 
 
-def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completeness:
+def _completeness(bundle: Bundle, events, notes: Counter) -> Completeness:
+    """Which sources each node (and the job) delivered and which it lacks, as the reader's
+    registry counts them (Bundle.counting), the node probes that failed, and the notes; the
+    same facts typed in `entries`."""
     job = bundle.job
-    nodes = sorted(set(job.nodes) | set(bundle.node_dirs) |
-                   {e.node for e in events if e.node and e.node in set(job.nodes)})
-    have: dict[str, set] = defaultdict(set)
-    job_level_output = False
+    nodes = sorted(set(job.nodes) | set(bundle.node_dirs))
+    have: dict[Optional[str], set] = defaultdict(set)      # node (None: the job) -> sources
     for d in bundle.documents:
-        kind = d.kind
-        src = ("kernel" if kind in ("kernel_log", "journal_json") else
-               "gpu" if kind.startswith("nvidia_smi") else
-               "output" if kind == "rank_output" else
-               "ib" if kind == "ibstat" else "dcgm" if kind == "dcgm" else
-               "probe" if kind == "probe" else "metrics" if kind == "metrics" else
-               "flight_recorder" if kind.startswith("flight_recorder") else None)
-        if src is None:
-            continue
-        if d.node:
-            have[d.node].add(src)
-        elif src == "output":
-            job_level_output = True
-    present, missing = [], []
-    for n in nodes:
-        for src in ("kernel", "gpu", "output", "ib", "dcgm", "metrics", "flight_recorder"):
-            tag = f"{src}:{n}"
-            if src in have[n]:
-                present.append(tag)
-            elif src in ("kernel", "gpu") or (src == "output" and not job_level_output):
-                missing.append(tag)
-    if job_level_output:
-        present.append("output:job")
-    # sattrib's own record of the run (slurm/sattrib-run.json) is not the scheduler's record.
-    if any(d.source == Source.scheduler and d.path != "slurm/sattrib-run.json"
-           for d in bundle.documents):
-        present.append("scheduler:job")
-    else:
-        missing.append("scheduler:job")
-    failed_probes = []
-    for e in events:
-        if e.rule.id == "probe.failed" and e.node:
-            failed_probes.append(f"{e.caps.get('probe')}:{e.node} {e.caps.get('reason')}")
-            tag = f"{e.caps.get('src', 'probe')}:{e.node}"
-            if tag not in missing and not (tag in present):
-                missing.append(tag)
+        c = bundle.counting.get(d.kind)
+        if c is not None:
+            have[d.node if c.per == "node" else None].add(c.name)
+    # Failed node probes (the probe.failed rule reads sattrib's own probe record): the first
+    # one of a source says why it is missing.
+    probes = [SourceState(source=e.caps.get("src", "probe"), node=e.node, state="probe_failed",
+                          probe=e.caps.get("probe"), reason=e.caps.get("reason"))
+              for e in events if e.rule.id == "probe.failed" and e.node]
+    why: dict = {}
+    for p in probes:
+        why.setdefault((p.source, p.node), p)
+
+    def missing(name: str, n: Optional[str]) -> SourceState:
+        p = why.get((name, n))
+        return SourceState(source=name, node=n, state="missing", probe=p and p.probe,
+                           reason=p and p.reason)
+    entries = {(name, n): SourceState(source=name, node=n, state="present")
+               for n in [None] + nodes for name in have[n]}
+    for c in {c for c in bundle.counting.values() if c.required}:
+        for n in ([None] if c.per == "job" else [] if c.name in have[None] else nodes):
+            entries.setdefault((c.name, n), missing(c.name, n))
+    for key in why:
+        entries.setdefault(key, missing(*key))
+    entries.update({("snapshot", n): SourceState(source="snapshot", node=n, state=state,
+                                                 reason=reason)
+                    for n, state, reason in job.snapshots})
+    facts = sorted(list(entries.values()) + probes, key=lambda x: (
+        x.source, x.node or "", x.state, x.probe or "", x.reason or ""))
     extra = list(bundle.notes)
     for d in bundle.documents:
         extra += [f"{d.path}: {x}" for x in d.notes]
@@ -248,6 +241,12 @@ def _completeness(bundle: Bundle, events, notes: Counter, winners) -> Completene
         extra.append(f"{k} ({v})" if v > 1 else k)
     if not job.start:
         extra.append("no job start time: events were not filtered by the job's time window")
-    return Completeness(present=sorted(present), missing=sorted(missing), notes=extra[:200],
-                        failed_probes=sorted(failed_probes))
 
+    def tag(x: SourceState) -> str:
+        return f"{x.source}:{x.node or 'job'}"
+    return Completeness(
+        present=sorted(tag(x) for x in facts if x.state == "present" and x.source != "snapshot"),
+        missing=sorted(tag(x) for x in facts if x.state == "missing" and x.source != "snapshot"),
+        notes=extra[:200],
+        failed_probes=sorted(f"{x.probe}:{x.node} {x.reason}" for x in probes),
+        entries=facts)

@@ -102,8 +102,6 @@ def xid(ev: Event, tc: TimeContext) -> None:
     ev.tag(*v.tags, f"xid{code}")
     ev.action = v.action
     ev.detail = v.detail
-    if v.recovery is not None:
-        ev.tag(f"recovery{v.recovery}")
     pid = ev.caps.get("pid", "").strip("'")
     if pid.isdigit():
         ev.pid = int(pid)
@@ -171,11 +169,8 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
         ev.category, ev.role = Category.scheduler_cancelled, Role.root
         ev.last_resort = ev.suggests = True
         ev.tag(Tag.bare_cancel)
-    if ev.category == Category.scheduler_node_failure:
-        ev.tag(Tag.node_failure_banner)
     at = parse_stamp_text(ev.caps.get("at") or "")
     ev.when = tc.epoch(at)
-    ev.tag("terminator" if ev.role == Role.root else Tag.cancel_banner)
 
 
 @decoder
@@ -239,7 +234,7 @@ def job_state(ev: Event, tc: TimeContext) -> None:
     if state.startswith("CANCELLED"):
         ev.category, ev.role = Category.scheduler_cancelled, Role.confirmation
         if "BY" in state:
-            ev.tag(Tag.cancelled_by_uid, Tag.cancel_record)
+            ev.tag(Tag.cancel_record)
         return
     cat_role = _STATES.get(state)
     if cat_role is None:

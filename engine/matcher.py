@@ -73,23 +73,29 @@ def _closed_class(members) -> bool:
                for op, av in members)
 
 
-def _closed(items) -> bool:
+def _every_atom(items, atom_ok) -> bool:
+    """Does `atom_ok(op, av)` hold for every atom of a parsed pattern (through its repeats,
+    groups and alternatives)?"""
     for op, av in items:
-        if op in (C.LITERAL, C.AT):
-            continue
-        if op == C.IN:
-            ok = _closed_class(av)
-        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
-            ok = _closed(av[2])
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            ok = _every_atom(av[2], atom_ok)
         elif op == C.SUBPATTERN:
-            ok = _closed(av[3])
+            ok = _every_atom(av[3], atom_ok)
         elif op == C.BRANCH:
-            ok = all(_closed(b) for b in av[1])
+            ok = all(_every_atom(b, atom_ok) for b in av[1])
         else:
-            ok = False
+            ok = atom_ok(op, av)
         if not ok:
             return False
     return True
+
+
+def _closed_atom(op, av) -> bool:
+    return op in (C.LITERAL, C.AT) or (op == C.IN and _closed_class(av))
+
+
+def _closed(items) -> bool:
+    return _every_atom(items, _closed_atom)
 
 
 def _group(items, gid: int):
@@ -118,6 +124,129 @@ def closed(pattern: str, group: str | None = None) -> bool:
         if items is None:
             raise PatternError(f"has no group named {group!r}")
     return _closed(items)
+
+
+_DIGITS = frozenset(range(ord("0"), ord("9") + 1))
+# What a class category holds of the ten digits: all of them, or none.
+_CATEGORY_DIGITS = {C.CATEGORY_DIGIT: True, C.CATEGORY_NOT_DIGIT: False,
+                    C.CATEGORY_SPACE: False, C.CATEGORY_NOT_SPACE: True,
+                    C.CATEGORY_WORD: True, C.CATEGORY_NOT_WORD: False,
+                    C.CATEGORY_LINEBREAK: False, C.CATEGORY_NOT_LINEBREAK: True}
+
+
+def _class_digits(members) -> bool | None:
+    """Which digits a character class takes: True all ten, False none, None some of them."""
+    held: set[int] = set()
+    negate = False
+    for op, av in members:
+        if op == C.NEGATE:
+            negate = True
+        elif op == C.LITERAL:
+            held |= {av} & _DIGITS
+        elif op == C.RANGE:
+            held |= set(range(av[0], av[1] + 1)) & _DIGITS
+        elif op == C.CATEGORY and av in _CATEGORY_DIGITS:
+            held |= _DIGITS if _CATEGORY_DIGITS[av] else set()
+        else:
+            return None
+    if held and held != _DIGITS:
+        return None
+    return bool(held) != negate
+
+
+def _digit_blind_atom(op, av) -> bool:
+    if op in (C.LITERAL, C.NOT_LITERAL):
+        return av not in _DIGITS
+    if op == C.IN:
+        return _class_digits(av) is not None
+    return op in (C.ANY, C.AT)
+
+
+def digit_blind(pattern: str, ignore_case: bool = False) -> bool:
+    """Does the pattern treat every digit alike (`\\d+`, `[0-9a-f]`, `.`, `\\S`, no `79` or
+    `[1-3]`)? Then whether it matches a line, and where its groups are, is the same for every
+    line that differs from it only in which digits it holds: ranks, times, addresses, counts.
+    (RE2's `\\d`, `\\w` and `\\b` know only the ASCII digits, the only ones that vary.)"""
+    return _every_atom(_parse(pattern, ignore_case).data, _digit_blind_atom)
+
+
+class SpanMatch:
+    """A rule's match on a line, from where its groups were on another line of the same shape
+    (see digit_blind): answers groupdict() as Match does."""
+    __slots__ = ("_data", "_spans")
+
+    def __init__(self, data: bytes, spans: tuple):
+        self._data = data
+        self._spans = spans
+
+    def groupdict(self) -> dict:
+        data = self._data
+        return {k: None if s < 0 else data[s:e].decode("utf-8", "replace")
+                for k, (s, e) in self._spans}
+
+
+def spans(m: Match) -> tuple:
+    """(group name, (start, end)) of each named group of a match; (-1, -1) when not taken."""
+    raw = m._m
+    return tuple(((k.decode() if isinstance(k, bytes) else k), raw.span(i))
+                 for k, i in raw.re.groupindex.items())
+
+
+def search_all(by_id: dict, msg: bytes, lits, kernel: bool) -> dict:
+    """{rule id: match} of the candidate rules that match the message, each searched."""
+    return {rid: m for rid in lits if (c := by_id.get(rid)) is not None
+            and (m := c.search(msg, kernel))}
+
+
+class ShapeSearch:
+    """The rules a line's literals point at, run once per message shape.
+
+    Thousands of ranks print the same NCCL or PyTorch message with their own numbers in it. A
+    digit-blind rule (see `digit_blind`) gives every such line the answer it gave the first:
+    the shape (the message with each digit read as 0, same length) is searched once and the
+    groups of the later lines are cut out where the first one's were. Other rules, and kernel
+    records (their starts depend on the digits of a task's pid), are searched on every line.
+    Bounded: the shapes are forgotten every `CAP` of them."""
+    CAP = 4096
+    _SHAPE = bytes.maketrans(b"123456789", b"000000000")
+
+    def __init__(self, by_id: dict):
+        self.by_id = by_id
+        self.memo: dict = {}
+
+    def __call__(self, msg: bytes, lits, kernel: bool) -> dict:
+        """{rule id: match} of the candidate rules that match the message."""
+        by_id = self.by_id
+        if kernel:
+            return search_all(by_id, msg, lits, True)
+        key = (msg.translate(self._SHAPE), frozenset(lits))
+        known = self.memo.get(key)
+        if known is None:
+            return self._first(key, msg, lits)
+        hit = {rid: SpanMatch(msg, sp) for rid, sp in known[0]}
+        for rid in known[1]:
+            m = by_id[rid].search(msg)
+            if m:
+                hit[rid] = m
+        return hit
+
+    def _first(self, key, msg: bytes, lits) -> dict:
+        hit, blind, others = {}, [], []
+        for rid in lits:
+            c = self.by_id.get(rid)
+            if c is None:
+                continue
+            m = c.search(msg)
+            if m:
+                hit[rid] = m
+            if not c.digit_blind:
+                others.append(rid)
+            elif m:
+                blind.append((rid, spans(m)))
+        if len(self.memo) >= self.CAP:
+            self.memo.clear()
+        self.memo[key] = (tuple(blind), tuple(others))
+        return hit
 
 
 def group_names(pattern: str) -> set[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
-from .taxonomy import Action, Blame, Category, Outcome, Role, Source, Trust
+from .taxonomy import Action, Blame, Category, Kind, Outcome, Role, Source, Trust
 
 # --------------------------------------------------------------------------------------------
 # Rules (engine/rules/<domain>/<mechanism>.yaml)
@@ -55,7 +55,7 @@ class Document:
     """One evidence file (or one command's output) and what the reader learnt about it."""
     path: str                    # relative to the bundle, '/'-separated: "node-02/journal.log"
     node: Optional[str]          # None for job-level files (logs/, slurm/)
-    kind: str                    # kernel_log, journal_json, nvidia_smi, rank_output, ...
+    kind: Kind
     source: Source
     size: int = 0
     truncated_bytes: int = 0     # bytes skipped between head and tail (0 = read whole)
@@ -124,6 +124,19 @@ class JobInfo:
     tasks_per_node: Optional[int] = None
     batch_host: Optional[str] = None
     own_run: bool = False          # sattrib's own record of a collected run
+    # What the controller saw of each node's Epilog snapshot (from its own record of the run):
+    # (node, state, reason), state `present`, `missing` or `not_due`.
+    snapshots: list[tuple[str, str, Optional[str]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Counting:
+    """How the documents of one kind count in the completeness report, as the evidence reader's
+    registry declares it (collectors/sources.py)."""
+    name: str                # the source in `present` / `missing`: kernel, gpu, output, ...
+    per: str = "node"        # "node": counted per node (a job-level one, as under logs/, counts
+                             # for the job and stands for every node); "job": for the job only
+    required: bool = False   # missing where there is none
 
 
 @dataclass
@@ -135,6 +148,7 @@ class Bundle:
     lines: list[Line] = field(default_factory=list)
     node_dirs: list[str] = field(default_factory=list)   # nodes that delivered anything
     notes: list[str] = field(default_factory=list)       # what the collectors could not read
+    counting: dict[Kind, Counting] = field(default_factory=dict)   # from the reader's registry
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,6 +250,7 @@ class Evidence(_Out):
     cursor: Optional[str] = None
     root: Optional[str] = None     # for symptoms/confirmations: the root evidence id they follow
     metric: Optional[Metric] = None   # for metric lines (from Prometheus): the series behind it
+    because: Optional[str] = None  # why the line counts otherwise than its rule alone says
 
 
 @_out
@@ -281,11 +296,23 @@ class Symptom(_Out):
 
 
 @_out
+class SourceState(_Out):
+    """One fact of the completeness report, typed: what `present`, `missing` and
+    `failed_probes` say as strings, and whether each node's Epilog snapshot came."""
+    source: str                   # kernel, gpu, output, ..., scheduler; snapshot
+    node: Optional[str]           # None: the job's (scheduler, job-level output)
+    state: str                    # present | missing | probe_failed | not_due (no snapshot due)
+    probe: Optional[str] = None   # the node probe that failed (or that left it missing)
+    reason: Optional[str] = None
+
+
+@_out
 class Completeness(_Out):
     present: list[str]
     missing: list[str]
     notes: list[str] = field(default_factory=list)
     failed_probes: list[str] = field(default_factory=list)   # "nvidia-smi:node02 timed out"
+    entries: list[SourceState] = field(default_factory=list)
 
 
 @_out

@@ -63,7 +63,9 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     recast(events)
     version_skew(events)
 
-    # Xid 45 (channel teardown) is a root only when it is the node's only Xid.
+    # Xid 45 (channel teardown) is the driver cleaning up after a process ended: beside another
+    # Xid on the node it follows that one (a symptom); alone it is context, never a root (every
+    # killed CUDA program leaves one).
     xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"
                         and Tag.channel_teardown not in e.tags)
     for e in events:

@@ -67,15 +67,13 @@ def _library_ids() -> bytes:
     return "\n".join(out).encode()
 
 
-def cache_key(extra_dirs: list[Path], builtin: bool) -> tuple[str, str]:
+def cache_key(roots: list[Path], files: Callable[[Path], list[Path]]) -> tuple[str, str]:
     """(file name, key): the name depends on which folders are loaded, the key on every
-    input's bytes. Raises OSError when an input cannot be read (the loader then says why)."""
+    input's bytes (`files(root)`: the inputs in a folder). Raises OSError when an input cannot
+    be read (the loader then says why)."""
     from .. import __version__
-    from .catalog import BUILTIN_DIR as CATALOG_DIR, catalog_files
-    from .rules import BUILTIN_DIR, rule_files
 
-    roots = ([BUILTIN_DIR, CATALOG_DIR] if builtin else []) + [Path(d) for d in extra_dirs]
-    name = hashlib.sha256(repr((builtin, [str(r) for r in roots])).encode()).hexdigest()[:24]
+    name = hashlib.sha256(repr([str(r) for r in roots]).encode()).hexdigest()[:24]
     h = hashlib.sha256(FORMAT)
     h.update(f"{__version__}\0{sys.version}\0{sys.implementation.cache_tag}\0"
              f"{os.uname().machine}\0".encode())
@@ -86,7 +84,7 @@ def cache_key(extra_dirs: list[Path], builtin: bool) -> tuple[str, str]:
         h.update(b"root\0" + str(root).encode() + b"\0")
         if not root.is_dir():
             continue
-        for p in sorted(set(rule_files(root)) | set(catalog_files(root))):
+        for p in files(root):
             h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return name + ".pickle", h.hexdigest()
 
@@ -224,26 +222,27 @@ def prune(dir_fd: int, keep: int = KEEP_FILES) -> None:
         pass
 
 
-def cached(build: Callable, extra_dirs, builtin: bool, where: Optional[Path] = None):
-    """build(extra_dirs, builtin) through the cache in `where` (default: cache_dir())."""
-    extra_dirs = [Path(d) for d in extra_dirs]
+def cached(build: Callable[[], object], roots: list[Path],
+           files: Callable[[Path], list[Path]], kind: type, where: Optional[Path] = None):
+    """build() through the cache in `where` (default: cache_dir()), keyed by the input files
+    under `roots` (cache_key); a cached object that is not a `kind` is built again. What is
+    built is cached only when it has no `problems` (a load that skipped site files)."""
     where = where or cache_dir()
     try:
-        name, key = cache_key(extra_dirs, builtin)
+        name, key = cache_key(roots, files)
     except OSError:
         where = None                     # an unreadable input: the loader reports it
     dir_fd = open_trusted_dir(where, create=True) if where else None
     try:
         if dir_fd is not None:
-            from .rules import RuleSet
             rs = read(dir_fd, name, key)
-            if isinstance(rs, RuleSet):
+            if isinstance(rs, kind):
                 try:
                     os.utime(name, dir_fd=dir_fd, follow_symlinks=False)   # used: kept
                 except OSError:
                     pass
                 return rs
-        rs = build(extra_dirs, builtin)
+        rs = build()
         if dir_fd is not None and not rs.problems:
             rs.prefilter                 # compiled now, so the cache holds the database too
             write(dir_fd, name, key, rs)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from . import decode, kmsg, public
-from .catalog import BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, load_catalogs, lookup
+from . import decode, kmsg, public, rule_cache
+from .catalog import (BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, catalog_files, load_catalogs,
+                      lookup)
 from .lineparse import clean, split_prefix
-from .matcher import PatternError, Prefilter, compile_rule_pattern
+from .matcher import PatternError, Prefilter, compile_rule_pattern, digit_blind
 from .taxonomy import FAMILY, Source
 
 BUILTIN_DIR = Path(__file__).parent / "rules"
@@ -69,6 +70,7 @@ class CompiledRule:
     caseless: bool
     path: str
     rows: tuple = ()     # message-catalog rows that refine this rule's hits (catalog.Row)
+    digit_blind: bool = False   # matches alike on lines that differ only in digits (matcher)
 
     def search(self, message, kernel: bool = False):
         """RE2 search on a line (str or its UTF-8 bytes); None or a match with str groups.
@@ -156,7 +158,8 @@ def _load_one(path: Path, root: Path, raw: Optional[bytes] = None) -> CompiledRu
     if bad:
         raise RuleError(f"{rel}: explained_by: unknown family {', '.join(map(repr, bad))} "
                         f"(known: {', '.join(sorted(set(FAMILY.values())))})")
-    return CompiledRule(rule, rx, lits, caseless, rel)
+    return CompiledRule(rule, rx, lits, caseless, rel,
+                        digit_blind=digit_blind(rule.pattern, rule.ignore_case))
 
 
 def unknown_recasts(rules, known: set) -> list[tuple[str, str]]:
@@ -170,17 +173,28 @@ def rule_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.yaml") if p.is_file())
 
 
+def input_roots(extra_dirs: Iterable[Path], builtin: bool) -> list[Path]:
+    """The folders a rule set loads from, in order: the built-in rules and catalogs, then
+    each site folder."""
+    return ([BUILTIN_DIR, CATALOG_DIR] if builtin else []) + [Path(d) for d in extra_dirs]
+
+
+def input_files(root: Path) -> list[Path]:
+    """The files of a folder that a rule set reads: rule files and catalogs."""
+    return sorted(set(rule_files(root)) | set(catalog_files(root)))
+
+
 def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
                 lenient_site: bool = False, cache: bool = True) -> RuleSet:
     """Built-in rules, then each site folder's. `lenient_site`: a site file that does not load
     is skipped and named in the rule set's `problems` instead of stopping the load. `cache`:
     the compiled set from disk when its inputs are unchanged (a set with problems is never
     cached, so a strict load still raises and a lenient one still reports them)."""
-    if cache:
-        from .rule_cache import cached
-        return cached(lambda d, b: load_rules(d, b, lenient_site=lenient_site, cache=False),
-                      extra_dirs, builtin)
     extra_dirs = [Path(d) for d in extra_dirs]
+    if cache:
+        return rule_cache.cached(
+            lambda: load_rules(extra_dirs, builtin, lenient_site=lenient_site, cache=False),
+            input_roots(extra_dirs, builtin), input_files, RuleSet)
     compiled: dict[str, CompiledRule] = {}
     builtin_ids: set = set()
     problems: list[str] = []

@@ -103,6 +103,28 @@ class Source(str, Enum):
     probe = "probe"          # sattrib's own probes (a probe that failed or timed out)
 
 
+class Kind(str, Enum):
+    """What an evidence file is, as the reader classified it. What each kind is (its trust,
+    file name, how it counts in the completeness report, how it is sniffed and read) is
+    declared once, in collectors/sources.py."""
+    kernel_log = "kernel_log"            # the kernel/system log as text (journalctl, dmesg, syslog)
+    journal_json = "journal_json"        # the journal as `journalctl -o json` records
+    nvidia_smi = "nvidia_smi"            # nvidia-smi -q, -q -x, --query-gpu CSV, nvlink, its error
+    dcgm = "dcgm"                        # dcgmi health / diag / stats
+    ibstat = "ibstat"                    # ibstat, or the sysfs port state and counters
+    metrics = "metrics"                  # Prometheus series saved for the job's window
+    metrics_failed = "metrics_failed"    # the same file, when its queries failed (a probe line)
+    probes = "probes"                    # sattrib's own node probes (sattrib-probes.txt)
+    rank_output = "rank_output"          # what the job printed
+    flight_recorder = "flight_recorder"  # a rank's PyTorch flight-recorder dump
+    flight_recorder_facts = "flight_recorder_facts"   # the facts of them a node shipped
+    slurm_job = "slurm_job"              # scontrol show job text
+    sacct = "sacct"                      # sacct -P text
+    slurm_json = "slurm_json"            # scontrol / sacct --json
+    slurm_log = "slurm_log"              # anything else under slurm/ (slurmctld lines)
+    run_record = "run_record"            # sattrib's own record of the run (sattrib-run.json)
+
+
 class Trust(str, Enum):
     """How far a piece of evidence can be believed about the machine: by where it came from."""
     kernel = "kernel"                  # the node's kernel and system log
@@ -225,16 +247,13 @@ class Outcome(str, Enum):
 
 class Tag(str, Enum):
     """What the stages mark on an event for each other (names equal values, so a Tag compares
-    and hashes like its string). Numbered labels (xid31, signal9, exit-9, recovery2, ibstatus12,
+    and hashes like its string). Numbered labels (xid31, signal9, exit-9, ibstatus12,
     link4, nvl5:<bucket>, points_at:<node>) stay plain strings: they only describe."""
     teardown = "teardown"                    # printed while the job was being torn down
     device_lost = "device_lost"              # the GPU is gone from the bus
+    reboot_required = "reboot_required"      # the driver's recovery action (Xid 154): reboot
     bare_cancel = "bare_cancel"              # a cancel banner without a reason
     cancel_record = "cancel_record"          # the scheduler's record of who cancelled
-    cancelled_by_uid = "cancelled_by_uid"
-    terminator = "terminator"                # the scheduler ended the job by decision
-    cancel_banner = "cancel_banner"          # a cancel banner that is no terminator
-    node_failure_banner = "node_failure_banner"
     channel_teardown = "channel_teardown"    # Xid 45: the driver tore channels down
     restart_app = "restart_app"              # NVIDIA's action: restart the application
     repeat_implicates_gpu = "repeat_implicates_gpu"   # Xid 13/31: repeats point at the GPU

@@ -69,7 +69,6 @@ def _action(inc: Incident, links: Links) -> tuple[str, Action]:
     gpu = inc.gpu
     g = f" GPU {gpu}" if gpu else ""
     details = [e.detail for e in inc.events if e.role == Role.root and e.detail]
-    recovery = sorted({t for e in inc.events for t in e.tags if t.startswith("recovery")})
     roots = [e for e in inc.events if e.role == Role.root] or inc.events
     if cat in INFRASTRUCTURE and all(Tag.restart_app in e.tags for e in roots):
         # NVIDIA's catalog: restart the application; the GPU needs no reset or drain for it.
@@ -77,8 +76,7 @@ def _action(inc: Incident, links: Links) -> tuple[str, Action]:
                 f"If it recurs on{g or ' the same GPU'} of {node}, run DCGM diagnostics "
                 "(dcgmi diag -r 3)", Action.resubmit)
     if cat == Category.gpu_hardware:
-        lost = any(Tag.device_lost in e.tags for e in inc.events)
-        if lost or "recovery2" in recovery:
+        if any(Tag.device_lost in e.tags or Tag.reboot_required in e.tags for e in inc.events):
             return (f"drain {node}; reboot it and check{g} (fell off the bus / needs reboot); "
                     "replace the GPU or its slot if it recurs", Action.reboot_node)
         return f"drain {node}; reset{g} and run DCGM diagnostics (dcgmi diag -r 3)", \

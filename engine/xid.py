@@ -206,6 +206,8 @@ def classify(code: int, body: str) -> XidVerdict:
         if m:
             v.recovery = int(m.group(2), 16)
             v.action = RECOVERY_ACTION.get(v.recovery, Action.none)
+            if v.action == Action.reboot_node:
+                v.tags.add(Tag.reboot_required)
             v.detail = f"recovery action now {RECOVERY.get(v.recovery, m.group(2))}"
         return v
     if code == 45:

@@ -1,6 +1,7 @@
 """Composition: read an evidence folder with the collectors, run the pipeline on it."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -102,7 +103,7 @@ FRAME_CATEGORIES = {"application_error", "cuda_oom", "host_oom"}
 def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
     """Each application-error / OOM cause gets the innermost frames of the user's own code from
     the traceback printed above its first job-output evidence line."""
-    from .collectors.frames import user_frames
+    from .collectors.output_lines import user_frames
     from .engine.models import Frame
     ev = {e.id: e for e in d.evidence}
     for c in ([d.root_cause] if d.root_cause else []) + list(d.candidates):
@@ -118,20 +119,11 @@ def add_user_frames(d, path: Path, owner: Optional[int] = None) -> None:
                 break
 
 
-_KIND_LABELS = (("rank_output", "job output"), ("kernel_log", "kernel log"),
-                ("journal_json", "kernel log"), ("nvidia_smi", "nvidia-smi"), ("dcgm", "DCGM"),
-                ("ibstat", "ibstat"), ("metrics", "metrics"), ("probe", "probe"),
-                ("slurm", "scheduler"), ("sacct", "scheduler"),
-                ("flight_recorder", "flight recorder"))
-
-
 def reading_summary(bundle) -> str:
     """What the reader read, in one line: files and bytes by kind, and how many of them held a
     line the rules know ("recognised")."""
-    kinds: dict[str, int] = {}
-    for doc in bundle.documents:
-        label = next((lab for k, lab in _KIND_LABELS if doc.kind.startswith(k)), doc.kind)
-        kinds[label] = kinds.get(label, 0) + 1
+    from .collectors.sources import label
+    kinds = Counter(label(doc.kind) for doc in bundle.documents)
     size = sum(doc.size for doc in bundle.documents)
     known = len({ln.doc for ln in bundle.lines} & {doc.path for doc in bundle.documents})
     n = len(bundle.documents)

@@ -203,7 +203,8 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     if not rows and server:
         from .remote import Dashboard
         st = _settings(ctx).settings
-        dashboard = Dashboard(st.server_url, st.server_timeout_s, st.server_ca_file)
+        dashboard = Dashboard(st.server_url, st.server_timeout_s, st.server_ca_file,
+                              st.munge_socket)
         if dashboard.warning():
             click.echo(dashboard.warning(), err=True)
         rows, where = dashboard.runs(job_id, cluster, restart), st.server_url
@@ -220,6 +221,10 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     if dashboard:
         for r in shown:
             r.update(dashboard.diagnosis(job_id, r))
+        if dashboard.no_munge and any(r.get("withheld") for r in shown):
+            click.echo(f"sattrib: note: no MUNGE credential ({dashboard.no_munge}): the "
+                       "dashboard shows your own job's evidence lines only to a caller it "
+                       "knows", err=True)
     if as_json:
         import json
         # What was done about it (drain, requeue, notifications, a repeat-offender

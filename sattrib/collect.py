@@ -33,10 +33,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .collectors import output_lines, probe, probes_file
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .collectors.slurm_env import JobEnv
 
 log = logging.getLogger("sattrib.collect")
 
@@ -238,9 +241,10 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     if lock is None:
         return Outcome(False, f"job {job_id}.{restart}: another worker holds its lock")
     try:
-        out = _collect_locked(job_id, restart, cluster, st, env_job, text, info, why,
-                              t0, wait, deadline, hard, spool, slurm_job, expand, run, notes,
-                              max(0.0, time.time() - queued_at) if queued_at else 0.0)
+        out = _collect_locked(_Run(
+            job_id, restart, cluster, env_job, text, info, why, run, notes,
+            _Budget(t0, wait, deadline, hard,
+                    max(0.0, time.time() - queued_at) if queued_at else 0.0)), st)
     finally:
         os.close(lock)
     if out.bundle is not None:
@@ -248,10 +252,38 @@ def collect_job(job_id: str, settings, env_job=None, restart: Optional[int] = No
     return out
 
 
-def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, wait,
-                    deadline, hard, spool, slurm_job, expand, run, notes,
-                    waited=0.0) -> Outcome:
-    from .engine.hostlist import compress
+@dataclass
+class _Budget:
+    """The time a collection has: all on the monotonic clock but `wait` and `waited`."""
+    t0: float             # when the worker took the job
+    wait: float           # how long node snapshots are waited for, from the job's end
+    deadline: float       # the collection steps' deadline
+    hard: float           # the worker's: every step ends by then
+    waited: float = 0.0   # already spent in the queue since the job ended
+
+
+@dataclass
+class _Run:
+    """One run to collect under its lock: who it is, what slurmctld said of it, and why it is
+    diagnosed."""
+    job_id: str
+    restart: int
+    cluster: str
+    env_job: Optional[JobEnv]   # EpilogSlurmctld's facts of the job (None by hand)
+    text: str             # `scontrol show job` text ("" when slurmctld did not answer)
+    info: dict            # the job's facts (slurm_job.job_facts)
+    why: str              # why the run is diagnosed
+    times: dict           # the run's own start and end (slurm/sattrib-run.json)
+    notes: list           # what the diagnosis should say about the collection
+    budget: _Budget
+
+
+def _collect_locked(r: _Run, st) -> Outcome:
+    from .collectors import slurm_job, spool
+    from .engine.hostlist import compress, expand
+    job_id, restart, cluster, env_job, notes = r.job_id, r.restart, r.cluster, r.env_job, r.notes
+    t0, wait, deadline, hard = r.budget.t0, r.budget.wait, r.budget.deadline, r.budget.hard
+    info = r.info
     nodes = (env_job.nodes if env_job and env_job.nodes else expand(info.get("NodeList", "")))
     spool_dir = spool.job_dir(Path(st.spool_dir), cluster, job_id, restart)
     bundle_dir = Path(st.bundle_dir) / cluster / f"{job_id}.{restart}"
@@ -266,7 +298,7 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
 
     # Wait for the node snapshots; nodes Slurm already knows are down will not send one.
     nodes_text = slurm_job.scontrol_nodes(nodes, min(deadline, time.monotonic() + 10)) \
-        if text else ""
+        if r.text else ""
     down = {ln.split()[0].split("=", 1)[1] for ln in nodes_text.splitlines()
             if ln.startswith("NodeName=") and any(s in ln for s in (
                 "State=DOWN", "NOT_RESPONDING", "State=FAIL", "State=UNKNOWN"))}
@@ -274,11 +306,10 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
     if env_job is not None and env_job.known and not env_job.nonzero:
         # The nodes saw exit 0 too (a NODE_FAIL, a scancel): their Epilogs took the fast path
         # and will not send snapshots. Nothing to wait for.
-        from .store import QUIET_NOTE        # hook health reads this note: no snapshot due
         expect = []
         notes.append(f"{QUIET_NOTE}: the node Epilogs did not take snapshots")
     trusted = {0, st.spool_writer_uid}
-    t_wait = min(time.monotonic() + wait - waited, hard)   # `wait` from the job's end
+    t_wait = min(time.monotonic() + wait - r.budget.waited, hard)   # `wait` from the job's end
     snaps: dict = {}
     while True:
         scratch: list[str] = []
@@ -290,24 +321,39 @@ def _collect_locked(job_id, restart, cluster, st, env_job, text, info, why, t0, 
             break
         time.sleep(0.5)
     quiet = env_job is not None and env_job.known and not env_job.nonzero
-    from .store import NO_SNAPSHOT         # hook health reads this note: the node was silent
-    for n in nodes:
-        if n not in snaps and (n in down or not quiet):
-            notes.append(f"{NO_SNAPSHOT} {n}" + (" (Slurm reports it down)" if n in down
-                                                 else f" within {wait:.0f}s"))
+    delivery = _delivery(nodes, snaps, down, quiet, wait)
+    notes += [f"no snapshot from {n}" + (" (Slurm reports it down)" if n in down else
+                                         f" within {wait:.0f}s")
+              for n, state, _ in delivery if state == "missing"]
 
-    bundle = _build_bundle(bundle_dir, text,
+    bundle = _build_bundle(bundle_dir, r.text,
                            nodes_text, slurm_job.sacct(job_id, min(deadline,
                                                                    time.monotonic() + 15)),
                            snaps, info, env_job, restart, st, notes, slurm_job,
-                           dict(run, nodes=compress(nodes)), hard)
+                           dict(r.times, nodes=compress(nodes), snapshots=[
+                               {"node": n, "state": state, "reason": reason}
+                               for n, state, reason in delivery]), hard)
     d = _analyze_and_store(bundle, cluster, st)
     spool.remove_job(spool_dir)
     root = d.root_cause
     what = (f"{root.category.value} on {root.node}" if root else d.outcome.value)
-    return Outcome(True, f"job {job_id}.{restart}: {why}; diagnosed {what} in "
+    return Outcome(True, f"job {job_id}.{restart}: {r.why}; diagnosed {what} in "
                          f"{time.monotonic() - t0:.1f}s ({len(snaps)}/{len(nodes)} node "
                          "snapshots)", d, bundle)
+
+
+# The worker's note on a run the scheduler ended (its exit status 0): no snapshot was due.
+QUIET_NOTE = "the job's exit status was 0 (a scheduler-ended run)"
+
+
+def _delivery(nodes: list, snaps: dict, down: set, quiet: bool, wait: float) -> list:
+    """(node, state, reason) of each node's Epilog snapshot, as the run's record keeps it for
+    hook health: `present`, `missing` (Slurm reports the node down, or nothing came in time)
+    or `not_due` (a scheduler-ended run: the Epilogs took none)."""
+    return [(n, "present", None) if n in snaps else
+            (n, "missing", "Slurm reports it down") if n in down else
+            (n, "not_due", QUIET_NOTE) if quiet else
+            (n, "missing", f"none came within {wait:.0f} s") for n in nodes]
 
 
 def _analyze_and_store(bundle: Path, cluster: str, st, notes: Optional[list] = None):
@@ -361,7 +407,7 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
     if env_job is not None:
         record.update(exit_status=env_job.exit_status, exit_code=env_job.exit_code,
                       signal=env_job.signal, derived=env_job.derived)
-    from .collectors.node_snapshot import KERNEL_FILES
+    from .collectors.sources import kernel_files, source_of_probe
     kernel_logs = set()
     for node, snap in sorted(snaps.items()):
         notes.extend(f"{node}: {n}" for n in (snap.data.get("notes") or [])[:20]
@@ -372,11 +418,11 @@ def _build_bundle(dest: Path, job_text: str, nodes_text: str, sacct_text: str, s
             if "/" in name or name.startswith("."):
                 continue
             (nd / name).write_text(content)
-            if name in KERNEL_FILES:
+            if name in kernel_files():
                 kernel_logs.add(str(nd / name))
         (nd / probes_file.NAME).write_text(probes_file.render(
             snap.data.get("probes") or [], snap.trusted_by, snap.data.get("taken_at"),
-            run.get("end_time")))
+            run.get("end_time"), source_of_probe))
     if st.prometheus_url:              # metrics for every node, with or without a snapshot
         from .collectors import prometheus
         from .engine.hostlist import expand

@@ -3,7 +3,9 @@ dashboard answers over HTTP(S), `server_url`.
 
 /job.json?id=JOB lists the job's runs on every cluster; /diagnosis/CLUSTER/JOB/RUN.json gives
 one run's diagnosis and what was done about it. The CLI is an anonymous visitor: the dashboard
-leaves out the evidence lines and the user's frames unless its site shows them to everyone.
+leaves out the evidence lines and the user's frames unless its site shows them to everyone, or
+the job is the caller's own: each diagnosis is asked for with a MUNGE credential (`munge`, the
+cluster's own authentication) that proves who asks (datasette/sattrib_dashboard/owner.py).
 Every way the exchange can fail is one UserError naming the URL, with a hint. A redirect is
 followed only while it stays on https (when server_url is https); a plain http:// server_url
 beyond this machine is used with a warning."""
@@ -24,12 +26,39 @@ OUTCOMES = ("attributed", "ambiguous", "unattributed")
 CHECK_URL = "check server_url (`sattrib config` shows it)"
 
 
+MUNGE_TIMEOUT_S = 5.0
+OWNER_HEADER = "X-Sattrib-Munge"
+
+
 class Dashboard:
-    def __init__(self, url: str, timeout_s: float, ca_file: str = ""):
+    def __init__(self, url: str, timeout_s: float, ca_file: str = "", munge_socket: str = ""):
         self.url = url
         self.base = url.rstrip("/") + "/"
         self.timeout_s = timeout_s
         self.verify = ca_file or True
+        self.munge_socket = munge_socket
+        self.no_munge: Optional[str] = None      # why no credential could be made here
+
+    def credential(self, did: str) -> Optional[str]:
+        """A MUNGE credential of this user for one diagnosis (`cluster/job/run`), or None with
+        the reason kept in no_munge."""
+        import subprocess
+        argv = ["munge", "--string", f"sattrib diagnosis {did}"]
+        if self.munge_socket:
+            argv += ["--socket", self.munge_socket]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=MUNGE_TIMEOUT_S,
+                               stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            self.no_munge = "munge is not installed on this host"
+            return None
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.no_munge = f"munge did not answer ({type(e).__name__})"
+            return None
+        if r.returncode != 0 or not r.stdout.startswith("MUNGE:"):
+            self.no_munge = "munge failed: " + (r.stderr.strip().splitlines() or ["?"])[-1][:160]
+            return None
+        return r.stdout.strip()
 
     def warning(self) -> Optional[str]:
         """One line when the answers would travel unencrypted beyond this machine."""
@@ -76,7 +105,8 @@ class Dashboard:
         the dashboard withheld its evidence text."""
         path = (f"diagnosis/{quote(run['cluster'], safe='')}/{quote(job_id, safe='')}/"
                 f"{int(run['restart'])}.json")
-        status, doc = self._get(path)
+        cred = self.credential(f"{run['cluster']}/{job_id}/{int(run['restart'])}")
+        status, doc = self._get(path, headers={OWNER_HEADER: cred} if cred else None)
         d = doc.get("diagnosis") if isinstance(doc, dict) else None
         if status == 404:
             raise UserError(f"no diagnosis {run['cluster']}/{job_id}/{run['restart']} at "
@@ -90,7 +120,7 @@ class Dashboard:
                 "escalation": doc.get("escalation"),
                 "withheld": doc.get("evidence_text") == "withheld"}
 
-    def _get(self, path: str, params: Optional[dict] = None):
+    def _get(self, path: str, params: Optional[dict] = None, headers: Optional[dict] = None):
         """(status, the JSON document) of a GET; 404 is returned, other failures raised."""
         import requests
         import urllib3
@@ -99,12 +129,16 @@ class Dashboard:
         deadline = time.monotonic() + t
         try:
             for _ in range(MAX_REDIRECTS + 1):
-                with requests.get(url, params=params, headers={"Accept": "application/json"},
+                with requests.get(url, params=params,
+                                  headers={"Accept": "application/json", **(headers or {})},
                                   timeout=(t, t), verify=self.verify, stream=True,
                                   allow_redirects=False) as r:
                     status, reason = r.status_code, r.reason
                     if status in REDIRECTS and r.headers.get("Location"):
-                        url, params = self._redirect(url, r.headers["Location"]), None
+                        to = self._redirect(url, r.headers["Location"])
+                        if urlsplit(to).netloc != urlsplit(url).netloc:
+                            headers = None       # the credential is for the dashboard only
+                        url, params = to, None
                         continue
                     body = bytearray()
                     while chunk := r.raw.read1(1 << 16, decode_content=True):

@@ -35,6 +35,10 @@ TEXT_TABLES = ("diagnoses", "evidence", "evidence_timeline") + EVIDENCE_FTS
 TEXT_QUERIES = ("search_evidence",)
 HEADER_ENV = "SATTRIB_DASHBOARD_TRUSTED_USER_HEADER"
 PROXY_ENV = "SATTRIB_DASHBOARD_TRUSTED_PROXY"
+# The job's owner, proven by a MUNGE credential, sees their own evidence text: "on" or absent,
+# and the munged socket to ask ("" the default one).
+OWNER_ENV = "SATTRIB_DASHBOARD_OWNER_TEXT"
+MUNGE_ENV = "SATTRIB_DASHBOARD_MUNGE_SOCKET"
 
 
 def text_allow(settings):
@@ -98,6 +102,10 @@ def environment(settings) -> dict:
     env = dict(os.environ)
     env.pop(HEADER_ENV, None)
     env.pop(PROXY_ENV, None)
+    env.pop(OWNER_ENV, None)
+    if settings.serve_evidence_text != "none":
+        env[OWNER_ENV] = "on"
+        env[MUNGE_ENV] = settings.munge_socket
     if settings.serve_trusted_user_header:
         env[HEADER_ENV] = settings.serve_trusted_user_header
         env[PROXY_ENV] = ",".join(settings.serve_trusted_proxy)

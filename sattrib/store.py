@@ -157,19 +157,14 @@ def m006_actions(db: sqlite_utils.Database):
     db["escalations"].create_index(["created_at"])
 
 
-# The sources a node's own Epilog snapshot delivers (rank output and metrics come by other ways).
-SNAPSHOT_SOURCES = ("kernel", "gpu", "ib", "dcgm")
-# The worker's notes (sattrib.collect) that say a snapshot was not due, or did not come.
-QUIET_NOTE = "the job's exit status was 0 (a scheduler-ended run)"
-NO_SNAPSHOT = "no snapshot from"
-
-
 @migrations()
 def m007_hook_health(db: sqlite_utils.Database):
     """Hook health: whether each node's Epilog snapshot reached the diagnosis
     (job_nodes.snapshot: 1 it did, 0 it was expected and did not, null none was expected), the
     node probes that failed (failed_probes, from completeness.failed_probes), and GPU lookups by
-    serial or UUID. Filled from the diagnoses a database already holds."""
+    serial or UUID. Filled from the diagnoses a database already holds: they name sources as
+    `src:node` strings and the worker's notes say when no snapshot was due or came (diagnoses
+    since carry the same as typed `completeness.entries`: see snapshots())."""
     db["job_nodes"].add_column("snapshot", int)
     db["failed_probes"].create({
         "diagnosis_id": str, "node": str, "probe": str, "reason": str,
@@ -177,13 +172,13 @@ def m007_hook_health(db: sqlite_utils.Database):
     db["failed_probes"].create_index(["node"])
     db["diagnoses"].create_index(["gpu_serial"])
     db["diagnoses"].create_index(["gpu_uuid"])
-    sources = ", ".join(f"'{s}'" for s in SNAPSHOT_SOURCES)
-    db.execute(f"""
+    db.execute("""
         update job_nodes set snapshot = (
           select case
             when exists (select 1 from json_each(d.diagnosis_json, '$.completeness.present') p
                          where substr(p.value, instr(p.value, ':') + 1) = job_nodes.node
-                           and substr(p.value, 1, instr(p.value, ':') - 1) in ({sources}))
+                           and substr(p.value, 1, instr(p.value, ':') - 1)
+                               in ('kernel', 'gpu', 'ib', 'dcgm'))
               or exists (select 1 from json_each(d.diagnosis_json,
                                                  '$.completeness.failed_probes') f
                          where substr(f.value || ' ', instr(f.value, ':') + 1,
@@ -198,7 +193,8 @@ def m007_hook_health(db: sqlite_utils.Database):
               then null
             else 0 end
           from diagnoses d where d.id = job_nodes.diagnosis_id and json_valid(d.diagnosis_json))""",
-               {"quiet": QUIET_NOTE, "none": NO_SNAPSHOT})
+               {"quiet": "the job's exit status was 0 (a scheduler-ended run)",
+                "none": "no snapshot from"})
     db.execute("""
         insert or ignore into failed_probes (diagnosis_id, node, probe, reason)
         select diagnosis_id, substr(rest, 1, instr(rest || ' ', ' ') - 1),
@@ -210,29 +206,25 @@ def m007_hook_health(db: sqlite_utils.Database):
 
 
 def failed_probes(completeness: dict) -> list[dict]:
-    """completeness.failed_probes ("nvidia-smi:gn02 timed out after 8.0s") as rows."""
-    rows = []
-    for p in completeness.get("failed_probes") or []:
-        probe, _, rest = p.partition(":")
-        node, _, reason = rest.partition(" ")
-        if probe and node:
-            rows.append({"probe": probe, "node": node, "reason": reason})
-    return rows
+    """The node probes that failed, as rows (typed completeness entries)."""
+    return [{"probe": e["probe"], "node": e["node"], "reason": e.get("reason") or ""}
+            for e in completeness.get("entries") or []
+            if e["state"] == "probe_failed" and e.get("probe") and e.get("node")]
 
 
 def snapshots(completeness: dict, nodes) -> dict:
-    """For each node: 1 when its Epilog snapshot reached the diagnosis (its kernel log, GPU, IB
-    or DCGM evidence is present, or its probe record says why a probe failed), 0 when it did not,
-    None when none was due (a scheduler-ended run: the Epilogs take none) unless the worker
-    noted the node's as missing (a node Slurm reports down)."""
-    got = {t.partition(":")[2] for t in completeness.get("present") or []
-           if t.partition(":")[0] in SNAPSHOT_SOURCES}
-    got |= {p["node"] for p in failed_probes(completeness)}
-    notes = completeness.get("notes") or []
-    quiet = any(n.startswith(QUIET_NOTE) for n in notes)
-    lost = {n[len(NO_SNAPSHOT) + 1:].split(" ")[0] for n in notes
-            if n.startswith(NO_SNAPSHOT + " ")}
-    return {n: 1 if n in got else 0 if n in lost or not quiet else None for n in nodes}
+    """For each node: 1 when its Epilog snapshot reached the diagnosis, 0 when it did not, None
+    when none was due (a scheduler-ended run: the Epilogs take none), as the worker's record of
+    the run says (completeness entries of source `snapshot`). A node it does not name (a folder
+    collected by hand): 1 when a source its snapshot would deliver is present or a probe of it
+    failed, else 0."""
+    from .collectors.sources import SNAPSHOT_SOURCES
+    entries = completeness.get("entries") or []
+    said = {e["node"]: e["state"] for e in entries if e["source"] == "snapshot"}
+    got = {e["node"] for e in entries if e["state"] == "probe_failed" or (
+        e["state"] == "present" and e["source"] in SNAPSHOT_SOURCES)}
+    state = {"present": 1, "missing": 0, "not_due": None}
+    return {n: state[said[n]] if n in said else 1 if n in got else 0 for n in nodes}
 
 
 @migrations()
@@ -478,10 +470,9 @@ class Store:
         snap = snapshots(d["completeness"], dict.fromkeys(job.get("nodes") or []))
         node_rows = [{"diagnosis_id": did, "node": n, "snapshot": v} for n, v in snap.items()]
         probe_rows = [dict(p, diagnosis_id=did) for p in failed_probes(d["completeness"])]
-        miss_rows = []
-        for m in d["completeness"]["missing"]:
-            src, _, node = m.partition(":")
-            miss_rows.append({"diagnosis_id": did, "source": src, "node": node})
+        miss_rows = [{"diagnosis_id": did, "source": e["source"], "node": e["node"] or "job"}
+                     for e in d["completeness"]["entries"]
+                     if e["state"] == "missing" and e["source"] != "snapshot"]
 
         def write():
             conn = self.db.conn

@@ -7,7 +7,7 @@ It never talks to slurmctld: a 1,000-node job must not send 1,000 RPCs at once (
 start, when Slurm does not pass it, comes from slurmd's spool on this node). A second run of
 the Epilog for the same job run does nothing (spool.claim_run).
 Where the job's output is per node (`%N`/`%n` in its pattern or in `extra_output_globs`), it
-also scans this node's output files and ships their kept lines (collectors/output_lines.py),
+also scans this node's output files and ships their kept lines (collectors/node_output.py),
 reading them as the job's user, never as root, and it ships the facts of the job's
 flight-recorder dumps (collectors/flight_recorder.py).
 """
@@ -94,7 +94,7 @@ def _ship_outputs(job, st, deadline: float, notes: list, gid: Optional[int] = No
     import socket
 
     from ..analysis import reader_limits
-    from ..collectors import output_lines, slurm_job
+    from ..collectors import node_output, slurm_job
     host = socket.gethostname().split(".")[0]
 
     def find(_):
@@ -119,8 +119,8 @@ def _ship_outputs(job, st, deadline: float, notes: list, gid: Optional[int] = No
     if deadline - time.monotonic() < 1.0:
         notes.append(f"{len(paths)} output files left to the controller (no time left)")
         return []
-    outputs, more = output_lines.ship(paths, job.uid, st.output_cap_mb << 20,
-                                      reader_limits(st), st.rules_dirs, deadline, gid)
+    outputs, more = node_output.ship(paths, job.uid, st.output_cap_mb << 20,
+                                     reader_limits(st), st.rules_dirs, deadline, gid)
     notes.extend(more)
     return outputs
 

@@ -18,7 +18,9 @@ from sattrib.analysis import analyze_folder, load_rules
 from sattrib.config import Settings
 from sattrib.demo import write_demo
 from sattrib.serve import dashboard_dir, metadata
-from sattrib.store import QUIET_NOTE, Store, snapshots
+from sattrib.collect import QUIET_NOTE
+from sattrib.engine.models import SourceState
+from sattrib.store import Store, failed_probes, snapshots
 from test_dashboard import (ARTIFACTS, LAPTOP, _Served, get, launch_chromium,
                             need_chromium)
 
@@ -65,6 +67,12 @@ def db(tmp_path_factory):
                                   if not t.startswith(("kernel:", "gpu:"))]
     quiet.completeness.notes = [f"{QUIET_NOTE}: the node Epilogs did not take snapshots",
                                 "no snapshot from node-01 (Slurm reports it down)"]
+    quiet.completeness.entries = [e for e in demo.completeness.entries
+                                  if e.source not in ("kernel", "gpu")] + [
+        SourceState(source="snapshot", node="node-01", state="missing",
+                    reason="Slurm reports it down")] + [
+        SourceState(source="snapshot", node=n, state="not_due", reason=QUIET_NOTE)
+        for n in ("node-02", "node-03", "node-04")]
     path = d / "diagnoses.db"
     store = Store(path)
     for diag in (demo, _as(late, "1002"),
@@ -102,13 +110,23 @@ def _created(db, job):
 
 
 def test_snapshot_delivery_is_stored_per_node():
-    c = {"present": ["kernel:a", "output:b", "gpu:a", "metrics:c"],
-         "failed_probes": ["nvidia-smi:d timed out after 8.0s"], "notes": []}
-    assert snapshots(c, ["a", "b", "c", "d"]) == {"a": 1, "b": 0, "c": 0, "d": 1}
-    quiet = dict(c, notes=[f"{QUIET_NOTE}: the node Epilogs did not take snapshots"])
-    assert snapshots(quiet, ["a", "b"]) == {"a": 1, "b": None}
-    down = dict(quiet, notes=quiet["notes"] + ["no snapshot from b (Slurm reports it down)"])
-    assert snapshots(down, ["a", "b", "e"]) == {"a": 1, "b": 0, "e": None}
+    """From the typed completeness entries: the worker's record of each node's snapshot where
+    it says one, else whether a source the snapshot delivers came (a folder collected by
+    hand); no note is parsed."""
+    def e(source, node, state, probe=None, reason=None):
+        return dict(source=source, node=node, state=state, probe=probe, reason=reason)
+    hand = {"entries": [e("kernel", "a", "present"), e("output", "b", "present"),
+                        e("gpu", "a", "present"), e("metrics", "c", "present"),
+                        e("gpu", "d", "probe_failed", probe="nvidia-smi",
+                          reason="timed out after 8.0s")],
+            "notes": ["no snapshot from b (Slurm reports it down)"]}
+    assert snapshots(hand, ["a", "b", "c", "d"]) == {"a": 1, "b": 0, "c": 0, "d": 1}
+    assert failed_probes(hand) == [{"probe": "nvidia-smi", "node": "d",
+                                    "reason": "timed out after 8.0s"}]
+    worker = {"entries": hand["entries"] + [
+        e("snapshot", "a", "present"), e("snapshot", "b", "not_due", reason=QUIET_NOTE),
+        e("snapshot", "e", "missing", reason="Slurm reports it down")]}
+    assert snapshots(worker, ["a", "b", "e"]) == {"a": 1, "b": None, "e": 0}
 
 
 def test_a_database_from_before_hook_health_gets_it_filled_in(db, tmp_path):

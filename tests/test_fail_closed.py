@@ -377,12 +377,12 @@ def test_node_epilog_leaves_output_on_a_hung_mount_to_the_controller(tmp_path, w
     controller copies it, under its own deadline), the other is shipped; a pattern whose folder
     hangs does not hold the Epilog either."""
     from sattrib.analysis import reader_limits
-    from sattrib.collectors import output_lines
+    from sattrib.collectors import node_output
     from sattrib.slurm_hooks import epilog
     t0 = time.monotonic()
-    out, notes = output_lines.ship([str(work / "out.8801"), str(hung.path / "out.8801")],
-                                   os.getuid(), 1 << 20, reader_limits(Settings()), [],
-                                   t0 + 3)
+    out, notes = node_output.ship([str(work / "out.8801"), str(hung.path / "out.8801")],
+                                  os.getuid(), 1 << 20, reader_limits(Settings()), [],
+                                  t0 + 3)
     assert time.monotonic() - t0 < 5
     assert [o["source"] for o in out] == [str(work / "out.8801")]
     assert notes == ["1 of 2 output files left to the controller (the Epilog's deadline came "

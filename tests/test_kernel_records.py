@@ -10,7 +10,7 @@ import pytest
 from helpers import ROOT, folder
 from integration.journal import JournalEntry, journal_remote_binary, write_journal
 from sattrib.analysis import analyze_folder
-from sattrib.collectors.node_snapshot import kernel_journal
+from sattrib.collectors.kernel_log import kernel_journal
 from sattrib.engine.taxonomy import FAMILY
 
 # A program mapped from a file named like the driver's Xid line: the kernel's segfault report

@@ -333,6 +333,36 @@ def test_line_numbers_count_lf_only_not_cr(tmp_path, pf_default):
     assert res.cut == 0 and res.hits_dropped == 0 and not res.notes
 
 
+def test_newlines_counted_only_up_to_the_last_kept_line(pf_default):
+    """Most hits are lines the rules drop: the reader numbers only the lines it keeps, and
+    counts no newline after the last of them."""
+    data = (b"NEEDLE keep\n" + b"filler\n" * 1000 + b"NEEDLE dropped\n" * 50
+            + b"NEEDLE keep\n" + b"plain\n" * 1000)
+    counted_to = []
+
+    class Counted(bytes):
+        def count(self, sub, *where):
+            counted_to.append(where[1] if len(where) > 1 else len(self))
+            return bytes.count(self, sub, *where)
+    res = scan(-1, len(data), pf_default, LIT_RULES, {}, Limits(),
+               confirm=lambda d, lits: (lits if d.endswith(b"keep") else set(), None),
+               pread=lambda n, off: Counted(data[off:off + n]))
+    assert [h.line for h in res.hits] == [1, 1052]
+    assert max(counted_to) <= data.index(b"plain")
+
+
+def test_no_neighbour_lines_cut_out_for_a_line_whose_time_they_cannot_bound(pf_default):
+    data = b"before\n" * 8 + b"x NEEDLE y\n" + b"after\n" * 8
+    res = scan(-1, len(data), pf_default, LIT_RULES, LINES_AFTER, Limits(),
+               pread=lambda n, off: data[off:off + n], neighbours=lambda h: False)
+    h, = res.hits
+    assert (h.prev, h.next) == ([], [])
+    assert h.following == [b"after"] * 3          # what a rule reads on is still cut out
+    res = scan(-1, len(data), pf_default, LIT_RULES, LINES_AFTER, Limits(),
+               pread=lambda n, off: data[off:off + n], neighbours=lambda h: True)
+    assert len(res.hits[0].prev) == len(res.hits[0].next) == Limits().context_lines
+
+
 def test_cr_delimits_segment_in_tqdm_line(tmp_path, pf_default):
     line = b"\r".join(b" %d%%|%s| step" % (i, b"#" * (i // 10)) for i in range(0, 100, 5))
     line += b"\rRuntimeError NEEDLE happened\r 100%|##########|"

@@ -12,7 +12,7 @@ import pytest
 
 from sattrib.analysis import analyze_folder
 from sattrib.engine import rule_cache
-from sattrib.engine.rules import BUILTIN_DIR, RuleSet, load_rules
+from sattrib.engine.rules import BUILTIN_DIR, RuleSet, input_files, input_roots, load_rules
 
 TESTS = Path(__file__).parent
 SHARED = Path("/work/shared")
@@ -26,7 +26,12 @@ def _build(extra, builtin):
 
 
 def _cached(where, extra=()):
-    return rule_cache.cached(_build, list(extra), True, where=where)
+    return rule_cache.cached(lambda: _build(list(extra), True), input_roots(extra, True),
+                             input_files, RuleSet, where=where)
+
+
+def _key():
+    return rule_cache.cache_key(input_roots([], True), input_files)
 
 
 def _only_file(where: Path) -> Path:
@@ -36,7 +41,7 @@ def _only_file(where: Path) -> Path:
 
 
 def _loads_ok(where: Path) -> bool:
-    name, key = rule_cache.cache_key([], True)
+    name, key = _key()
     fd = rule_cache.open_trusted_dir(where, create=False)
     try:
         return isinstance(rule_cache.read(fd, name, key), RuleSet)
@@ -46,7 +51,7 @@ def _loads_ok(where: Path) -> bool:
 
 def _plant(where: Path, payload: bytes) -> Path:
     """A cache file with a valid header and digest for the current key around `payload`."""
-    name, key = rule_cache.cache_key([], True)
+    name, key = _key()
     data = (rule_cache.FORMAT + key.encode() + b"\n" +
             hashlib.sha256(payload).hexdigest().encode() + payload)
     where.mkdir(mode=0o700, exist_ok=True)
@@ -70,7 +75,7 @@ def test_cached_rules_give_byte_identical_diagnoses_on_every_case(tmp_path):
     assert CASES, "no case folders found"
     where = tmp_path / "cache"
     _cached(where)                                   # builds and writes
-    name, key = rule_cache.cache_key([], True)
+    name, key = _key()
     fd = rule_cache.open_trusted_dir(where, create=False)
     try:
         cached = rule_cache.read(fd, name, key)      # what the next start loads
@@ -88,9 +93,9 @@ def test_cached_rules_give_byte_identical_diagnoses_on_every_case(tmp_path):
 def test_cache_hit_loads_neither_yaml_nor_the_rule_files(tmp_path):
     where = tmp_path / "cache"
     code = ("import sys; from sattrib.engine import rule_cache; "
-            "from sattrib.engine.rules import load_rules; "
-            f"rs = rule_cache.cached(lambda d, b: load_rules(d, b, cache=False), [], True, "
-            f"where=__import__('pathlib').Path({str(where)!r})); "
+            "from sattrib.engine.rules import RuleSet, input_files, input_roots, load_rules; "
+            "rs = rule_cache.cached(lambda: load_rules(cache=False), input_roots([], True), "
+            f"input_files, RuleSet, where=__import__('pathlib').Path({str(where)!r})); "
             "print(len(rs), 'yaml' in sys.modules)")
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout.split()

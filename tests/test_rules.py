@@ -128,3 +128,51 @@ def test_rules_test_refuses_a_relation_to_no_rule(tmp_path):
         "role: root", "role: root\nrecasts: {rules: [python.exception, site.nosuch], why: x}"))
     n, errors = check_dir(tmp_path)
     assert n == 1 and errors == ["site/thing.yaml: recasts.rules: 'site.nosuch' is not a loaded rule"]
+
+
+def test_digit_blind_patterns():
+    from sattrib.engine.matcher import digit_blind
+    assert digit_blind(r"(?P<n>\d+) bytes in [0-9a-f]+ \S+ \w+\b")
+    assert digit_blind(r"SeqNum=(?P<seq>\d+), .*Timeout\(ms\)=(?P<ms>[0-9]+)")
+    assert not digit_blind(r"NVRM: Xid .*: 79\b")       # one code, not any
+    assert not digit_blind(r"status=[1-3] ")             # some digits, not all
+    assert not digit_blind(r"rank [^0] failed")
+
+
+def _counted_rule(pattern: str, searched: dict, rid: str):
+    from sattrib.engine.matcher import compile_rule_pattern, digit_blind
+    from sattrib.engine.rules import CompiledRule
+    rx, lits, fold = compile_rule_pattern(pattern)
+    c = CompiledRule(None, rx, lits, fold, f"{rid}.yaml", digit_blind=digit_blind(pattern))
+    plain = c.search
+
+    def search(message, kernel=False):
+        searched[rid] = searched.get(rid, 0) + 1
+        return plain(message, kernel)
+    c.search = search
+    return c
+
+
+def test_each_message_shape_is_searched_once_and_gives_each_line_its_own_groups():
+    from sattrib.engine.matcher import ShapeSearch
+    searched: dict = {}
+    shapes = ShapeSearch({
+        "timeout": _counted_rule(r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation "
+                                 r"timeout: WorkNCCL\(SeqNum=(?P<seq>\d+)(?P<x>, X)?", searched,
+                                 "timeout"),
+        "xid79": _counted_rule(r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): 79\b", searched,
+                               "xid79")})
+    caps = []
+    for rank, seq in ((3, 17), (5, 42), (7, 99)):
+        line = (f"[Rank {rank}] Watchdog caught collective operation timeout: "
+                f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE)").encode()
+        hit = shapes(line, {"timeout"}, False)
+        caps.append(hit["timeout"].groupdict())
+    assert caps == [{"rank": "3", "seq": "17", "x": None}, {"rank": "5", "seq": "42", "x": None},
+                    {"rank": "7", "seq": "99", "x": None}]
+    assert searched == {"timeout": 1}
+    # A rule that reads one number is searched on every line, even of the same shape.
+    got = [set(shapes(f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=1".encode(), {"xid79"}, False))
+           for code in (79, 31, 79)]
+    assert got == [{"xid79"}, set(), {"xid79"}]
+    assert searched == {"timeout": 1, "xid79": 3}

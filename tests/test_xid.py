@@ -110,3 +110,37 @@ def test_xid45_naming_the_xid_before_it_is_that_xid(tmp_path, rules):
         "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=181890, name=python3, Ch 00000001\n")}),
         rules=rules)
     assert d.outcome.value == "unattributed"
+
+
+def test_xid45_is_a_symptom_beside_another_xid_and_context_alone(tmp_path, rules):
+    """A channel teardown (Xid 45) is the driver cleaning up after the process ended: beside
+    another Xid on the node it follows that one (a symptom); alone it only says a process was
+    torn down, which every killed CUDA program does (context: not even an affected node)."""
+    from helpers import folder
+    from sattrib.analysis import analyze_folder
+    teardown = "kernel: NVRM: Xid (PCI:0000:3b:00): 45, pid=18189, name=python3, Ch 00000008\n"
+    lost = "kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
+    d, _ = analyze_folder(folder(tmp_path / "a", {"node-01/journal.log": teardown}),
+                          rules=rules)
+    assert [e.role.value for e in d.evidence if ": 45," in e.text] in ([], ["context"])
+    assert d.affected_nodes == [] and d.symptoms == []
+    d, _ = analyze_folder(folder(tmp_path / "b", {"node-01/journal.log": lost + teardown}),
+                          rules=rules)
+    assert d.root_cause.category.value == "gpu_hardware"
+    assert [e.role.value for e in d.evidence if ": 45," in e.text] == ["symptom"]
+
+
+def test_the_drivers_recovery_action_decides_reboot_or_reset(tmp_path, rules):
+    """A GSP timeout the driver follows with "GPU Reset Required" (Xid 154, recovery action
+    0x1) is a GPU reset; followed with "Node Reboot Required" (0x2), a reboot."""
+    from helpers import folder
+    from sattrib.analysis import analyze_folder
+    gsp = ("2026-01-01T00:00:00+0000 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 119, pid=1, "
+           "Timeout after 6s of waiting for RPC response from GPU4 GSP!\n")
+    then = ("2026-01-01T00:00:01+0000 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 154, GPU "
+            "recovery action changed from 0x0 (None) to {}\n")
+    for name, action, code in (("reset", "0x1 (GPU Reset Required)", "reset_gpu"),
+                               ("reboot", "0x2 (Node Reboot Required)", "reboot_node")):
+        d, _ = analyze_folder(folder(tmp_path / name, {"n1/journal.log": gsp + then.format(
+            action)}), rules=rules)
+        assert (d.root_cause.category.value, d.action_code.value) == ("gpu_hardware", code)

@@ -1,6 +1,7 @@
 """The diagnosis page, /diagnosis/CLUSTER/JOB/RUN (and .json): the root cause, the timeline of
 the evidence across nodes (a swimlane and the table), the symptoms, what sattrib did. Evidence
-text, metrics, the user's frames and the bundle path only for those who may read evidence."""
+text, metrics, the user's frames and the bundle path only for those who may read evidence, and
+for the job's own user proven by MUNGE (owner.py)."""
 import json
 import re
 
@@ -11,6 +12,7 @@ from sattrib_dashboard.cells import node_path
 from sattrib_dashboard.charts import epoch, metric_chart, swimlane
 from sattrib_dashboard.database import diagnoses
 from sattrib_dashboard.guards import may_read_text
+from sattrib_dashboard.owner import is_owner
 
 XID = re.compile(r"NVRM: Xid \([^)]*\): (\d+),")
 # What an evidence item says of the job (the log line, a metric's series and samples): shown
@@ -52,7 +54,7 @@ async def diagnosis_page(datasette, request):
     db = diagnoses(datasette)
     p = request.url_vars
     did = f"{p['cluster']}/{p['job']}/{p['restart']}"
-    res = await db.execute("select diagnosis_json, bundle_path, created_at, updated_at "
+    res = await db.execute("select diagnosis_json, bundle_path, created_at, updated_at, user "
                            "from diagnoses where id = ?", [did])
     row = res.first()
     if row is None:
@@ -67,7 +69,8 @@ async def diagnosis_page(datasette, request):
     cause_ids = {i for c in causes for i in c.get("evidence") or []}
     timeline = sorted(evidence, key=lambda e: (_when(e) == "", _when(e), e["node"] or "",
                                                e["path"], e.get("line") or 0))
-    show_text = await may_read_text(datasette, request.actor, db)
+    show_text = (await may_read_text(datasette, request.actor, db)
+                 or await is_owner(request, did, row["user"]))
     if not show_text:
         # The user's frames are read from the job's output, like evidence text: admins only.
         for c in causes:
