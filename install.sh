@@ -555,8 +555,9 @@ config_file() {
         "# wrappers in $LIBEXEC point SATTRIB_CONFIG here. Hook logs: $LOG." ""
     K_DATABASE="\"$DATABASE\"" K_BUNDLE_DIR="\"$BUNDLES\"" K_SPOOL_DIR="\"$SPOOL\"" \
     K_LOG_DIR="\"$LOG\"" K_RULES_DIRS="[\"$ETC/rules.d\"]" \
+    K_INCIDENT_SITE_FILE="\"$ETC/site.toml\"" \
     awk '
-        BEGIN { split("database bundle_dir spool_dir log_dir rules_dirs", keys, " ") }
+        BEGIN { split("database bundle_dir spool_dir log_dir rules_dirs incident_site_file", keys, " ") }
         {
             for (i in keys) {
                 k = keys[i]

@@ -19,6 +19,10 @@ call ends by `action_timeout_s`; a failure is a recorded decision, never an exce
 Webhooks: at most `notify_max_per_hour`; past it, and for a task of a job array whose failure
 was notified within the hour, the notification is "held", and the queue's last worker sends
 one summary of what is held when the queue is empty.
+
+A failure that a cross-job incident explains (sattrib.incidents) has its drain held and its
+notification left to the incident's one webhook; one that an incident could still explain is
+"deferred", and decided when the queue is empty (incidents.settle).
 """
 from __future__ import annotations
 
@@ -212,16 +216,25 @@ def _loads(text: Optional[str]) -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def decide_drain(conn, did: str, d: dict, action: str, st, now: float,
-                 locked: bool = True) -> Optional[dict]:
-    """One recorded decision about draining the culprit, or None when nothing proposes it.
-    `locked`: whether this worker holds the drain lock; without it the decision is held."""
+def drain_target(d: dict, action: str, st) -> Optional[str]:
+    """The node a drain is proposed for (the culprit, when its action takes the node out of
+    service and draining is on), or None."""
     root = d.get("root_cause")
     causes = [root] if root else d.get("candidates") or []
     if st.drain == "off" or not any(c.get("node") and out_of_service(
             action if c is root else c.get("action_code")) for c in causes):
         return None
-    node = (root or causes[0]).get("node")
+    return (root or causes[0]).get("node")
+
+
+def decide_drain(conn, did: str, d: dict, action: str, st, now: float,
+                 locked: bool = True) -> Optional[dict]:
+    """One recorded decision about draining the culprit, or None when nothing proposes it.
+    `locked`: whether this worker holds the drain lock; without it the decision is held."""
+    node = drain_target(d, action, st)
+    if node is None:
+        return None
+    root = d.get("root_cause")
 
     def out(decision, detail, command=None):
         return {"kind": "drain", "decision": decision, "node": node, "detail": detail,
@@ -453,8 +466,12 @@ def _notify_lock(st) -> tuple[Path, float]:
 
 
 def _webhooks_since(conn, since: float) -> int:
-    return conn.execute("SELECT count(*) FROM actions WHERE kind = 'notify' AND decision IN "
-                        "('taken', 'failed') AND created_at >= ?", [_iso(since)]).fetchone()[0]
+    """Webhooks sent or tried since `since`: the diagnoses' and the incidents' (one each)."""
+    return conn.execute(
+        "SELECT (SELECT count(*) FROM actions WHERE kind = 'notify' AND decision IN "
+        "('taken', 'failed') AND created_at >= :t) + (SELECT count(*) FROM incidents WHERE "
+        "notify_decision IN ('taken', 'failed') AND notified_at >= :t)",
+        {"t": _iso(since)}).fetchone()[0]
 
 
 def _array_of(bundle: Optional[Path], did: str) -> Optional[str]:
@@ -593,9 +610,11 @@ def mail(body: dict, user: str, st) -> dict:
 
 # -- the whole step -------------------------------------------------------------------------------
 def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
-        now: Optional[float] = None) -> dict:
-    """Decide and record everything about one stored diagnosis; {"actions", "escalation"}.
-    A run already acted on keeps its decisions (a replay never drains twice)."""
+        now: Optional[float] = None, hold=None) -> dict:
+    """Decide and record everything about one stored diagnosis; {"actions", "escalation",
+    "incident"}. `hold`: how a cross-job incident holds its drain and notification
+    (sattrib.incidents.act passes it). A run already acted on keeps its decisions (a replay
+    never drains twice)."""
     conn = db.db.conn
     old = conn.execute("SELECT count(*) FROM actions WHERE diagnosis_id = ?", [did]).fetchone()
     if old[0]:
@@ -607,12 +626,16 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
     action = esc["to"] if esc else ((d.get("root_cause") or {}).get("action_code")
                                     or d.get("action_code"))
     acts: list = []
-    lock = Path(st.bundle_dir) / did.split("/")[0] / ".locks" / "drain"
-    with _Lock(lock, st.action_timeout_s * 3) as locked:
-        dr = decide_drain(conn, did, d, action, st, now, locked)
-        if dr:
-            acts.append(dr)
-            db.record_actions(did, acts, esc)       # seen by the next worker's rate limits
+    node = drain_target(d, action, st)
+    if hold and node:
+        acts.append(hold.row("drain", node, now))
+    elif not hold:
+        lock = Path(st.bundle_dir) / did.split("/")[0] / ".locks" / "drain"
+        with _Lock(lock, st.action_timeout_s * 3) as locked:
+            dr = decide_drain(conn, did, d, action, st, now, locked)
+            if dr:
+                acts.append(dr)
+                db.record_actions(did, acts, esc)   # seen by the next worker's rate limits
     rq = requeue_around(d, st, now)
     if rq:
         acts.append(rq)
@@ -620,8 +643,8 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
     body = payload(did, d, acts, esc, st)
     if st.notify_url and (_machine_fault(root) and d.get("outcome") == "attributed" or esc
                           or any(a["decision"] in ("taken", "would-drain") for a in acts)):
-        acts.append(_notify_or_hold(db, did, acts, esc, body, st, now,
-                                    _array_of(bundle, did)))
+        acts.append(hold.row("notify", None, now) if hold else _notify_or_hold(
+            db, did, acts, esc, body, st, now, _array_of(bundle, did)))
     user = (d.get("job") or {}).get("user")
     if st.mail_prog and user and MAIL_USER.fullmatch(user):
         acts.append(dict(mail(body, user, st), kind="mail", node=None, command=None,
@@ -630,7 +653,7 @@ def act(db, did: str, diagnosis, st, bundle: Optional[Path] = None,
     for a in acts:
         log.info("%s %s %s: %s", did, a["kind"], a["decision"], a["detail"])
     result = {"actions": [{k: v for k, v in a.items() if k != "group_key"} for a in acts],
-              "escalation": esc}
+              "escalation": esc, "incident": hold.incident if hold else None}
     if bundle is not None:
         _write_bundle(bundle, result)
     return result

@@ -208,10 +208,11 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
     if as_json:
         import json
         # What was done about it (drain, requeue, notifications, a repeat-offender
-        # escalation) is recorded beside the diagnosis: added as fields, never changed in it;
-        # so is the dashboard's word that it left out the evidence lines.
+        # escalation, the cross-job incident it is part of) is recorded beside the diagnosis:
+        # added as fields, never changed in it; so is the dashboard's word that it left out
+        # the evidence lines.
         docs = [dict(r["diagnosis"], actions=r.get("actions") or [],
-                     escalation=r.get("escalation"),
+                     escalation=r.get("escalation"), incident=r.get("incident"),
                      **({"evidence_text": "withheld"} if r.get("withheld") else {}))
                 for r in shown]
         click.echo(json.dumps(docs if all_runs else docs[0], indent=2))
@@ -224,7 +225,8 @@ def show(ctx, job_id, as_json, cluster, restart, all_runs, database):
         click.echo(render(r["diagnosis"], cluster=r["cluster"],
                           run=(n, len(rows)) if len(rows) > 1 else None,
                           acted={"actions": r.get("actions") or [],
-                                 "escalation": r.get("escalation")}))
+                                 "escalation": r.get("escalation"),
+                                 "incident": r.get("incident")}))
     if len(rows) > 1 and not all_runs:
         click.echo(f"(job {job_id} ran {len(rows)} times; --all shows every run, --restart N "
                    "one of them)", err=True)
@@ -452,6 +454,77 @@ def hotspots(ctx, since, gpu, cluster, limit, parsable, as_json, database):
     _table(table, parsable)
 
 
+@main.command("incidents", epilog="""\b
+Examples:
+  sattrib incidents                  incidents whose last failure was in the last 7 days
+  sattrib incidents -S today --json
+  sattrib incidents 3                one incident: the element, its jobs, those that ran on
+  sattrib incidents 3 --json         ... as a diagnosis with evidence
+""")
+@click.argument("number", type=int, required=False)
+@click.option("-S", "--since", default="7d", show_default=True,
+              help="Incidents whose last failure is at or after this (today, 7d, a date).")
+@click.option("--cluster", help="Only this cluster.")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--parsable", "-P", is_flag=True, help="Rows separated by '|'.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows (or the incident) as JSON.")
+@click.option("--database", help="Database file.")
+@click.pass_context
+def incidents_cmd(ctx, number, since, cluster, limit, parsable, as_json, database):
+    """Cross-job incidents, newest first (admins): one switch, rack, PDU, chassis, NVLink
+    domain or file system behind the failures of several jobs (README "Incidents")."""
+    import json
+    from .incidents import document, listing
+    from .lookup import parse_since
+    conn, db_path = _admin_db(ctx, database, "the incident list")
+    if number is not None:
+        doc = document(conn, number)
+        if doc is None:
+            raise UserError(f"no incident {number} in {db_path}", "`sattrib incidents` lists them")
+        click.echo(json.dumps(doc, indent=2) if as_json else _incident_text(doc))
+        return
+    rows = listing(conn, parse_since(since), cluster, limit)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no incidents since {parse_since(since)}", err=True)
+        return
+    table = [("ID", "STATUS", "CLUSTER", "ELEMENT", "JOBS", "NODES", "RAN ON", "FIRST (UTC)",
+              "LAST (UTC)", "NOTIFIED")]
+    for r in rows:
+        table.append((str(r["id"]), r["status"], r["cluster"], f"{r['kind']} {r['element']}",
+                      str(r["jobs"]), r["failed_nodes"] or "-", str(r["ran_on"]),
+                      r["first_failure_at"][:19].replace("T", " "),
+                      r["last_failure_at"][:19].replace("T", " "), r["notification"] or "-"))
+    _table(table, parsable)
+
+
+def _incident_text(doc: dict) -> str:
+    """One incident for a terminal (every field escaped: the site and Slurm wrote them)."""
+    from .escape import visible_all
+    d = visible_all(doc)
+    out = [f"Incident {d['id']} ({d['status']}) on {d['cluster']}: {d['summary']}",
+           f"Element: {d['kind']} {d['element']}"
+           + (f" = {d['element_nodes']}" if d["element_nodes"] else "")
+           + f" ({d['declared']['source']}: {d['declared']['text']})",
+           f"Failed: {d['jobs']} jobs on {d['failed_nodes']} ({d['category']}), "
+           f"{d['first_failure_at']} .. {d['last_failure_at']}"]
+    out += [f"  job {j['job_id']}" + (f".{j['restart']}" if j["restart"] else "")
+            + f" on {j['nodes']}: {j['category'] or j['outcome']}  {j['failed_at']}"
+            for j in d["failed_jobs"][:20]]
+    if len(d["failed_jobs"]) > 20:
+        out.append(f"  ... {len(d['failed_jobs']) - 20} more (--json shows all)")
+    out.append("Ran on behind it: " + ("; ".join(f"job {j['job_id']} ({j['state']}) on "
+                                                  f"{j['nodes']}" for j in d["ran_on"][:20])
+                                        or "none"))
+    out += [f"Weighed: {c['element']}: {c['why']}" for c in d["considered"]]
+    out.append(f"Action: {d['action']}")
+    n = d["notification"]
+    out.append(f"Notified: {n['decision'] or 'no'}" + (f" ({n['detail']})" if n["detail"] else ""))
+    return "\n".join(out)
+
+
 @main.command(epilog="""\b
 Examples:
   sattrib resume gpu-a017          back to service, if sattrib drained it
@@ -517,10 +590,15 @@ def collect(ctx, job_id, restart, force, wait_s, as_json):
     Reads scheduler state, the node snapshots in the spool and the job's output, builds the
     evidence bundle, stores the diagnosis and prints it."""
     from .collect import collect_job
+    from .incidents import settle
+    from .store import open_store
     st = _settings(ctx).settings
     out = collect_job(job_id, st, restart=restart, force=force, wait_snapshots=wait_s)
     if not out.diagnosed:
         raise UserError(out.message, "use --force to diagnose it anyway")
+    # By hand there is no queue to wait for: what waited for it is decided now.
+    d = out.diagnosis
+    settle(open_store(st.database), st, only=f"{out.bundle.parent.name}/{d.job_id}/{d.restart}")
     _emit(out.diagnosis, as_json)
     if not as_json:
         click.echo(click.style(f"bundle {out.bundle}", dim=True))

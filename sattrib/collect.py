@@ -375,7 +375,7 @@ def _analyze_and_store(bundle: Path, cluster: str, st, notes: Optional[list] = N
     did = db.upsert(d, cluster, bundle_path=str(bundle))
     db.sync_rules(rules)
     try:
-        from .actions import act
+        from .incidents import act
         act(db, did, d, st, bundle)
     except Exception:                 # acting is best effort: the diagnosis is stored
         log.exception("acting on %s failed", did)

@@ -118,6 +118,14 @@ class Settings:
     dashboard_url: str = ""                    # links in notifications
     mail_prog: str = ""                        # e.g. /usr/bin/mail; empty: no mail to users
 
+    # -- cross-job incidents (EpilogSlurmctld worker and `sattrib collect`) -------------------
+    incident_window_s: float = Field(300.0, gt=0)  # failures this close together group
+    incident_min_jobs: int = Field(3, ge=2)        # ... when this many jobs failed
+    incident_min_nodes: int = Field(2, ge=1)       # ... on this many nodes behind one element
+    incident_min_failed_share: float = Field(0.75, gt=0, le=1)   # of its busy nodes
+    incident_topology: str = "auto"            # "auto" (beside slurm.conf), "off", or a path
+    incident_site_file: str = "/etc/sattrib/site.toml"   # racks, PDUs, chassis, NVLink domains
+
     # -- dashboard ---------------------------------------------------------------------------
     serve_host: str = "127.0.0.1"
     serve_port: int = Field(8001, ge=1, le=65535)

@@ -41,9 +41,10 @@ def find(conn: sqlite3.Connection, path: Path, job_id: str, cluster: Optional[st
     rows = _rows(conn, path, "SELECT id, cluster, restart, diagnosis_json FROM diagnoses WHERE "
                  + " AND ".join(where) + " ORDER BY cluster, restart", args)
     from .actions import stored
+    from .incidents import of_diagnosis
     return [{"cluster": r["cluster"], "restart": r["restart"],
-             "diagnosis": json.loads(r["diagnosis_json"]), **stored(conn, r["id"])}
-            for r in rows]
+             "diagnosis": json.loads(r["diagnosis_json"]), **stored(conn, r["id"]),
+             "incident": of_diagnosis(conn, r["id"])} for r in rows]
 
 
 MAX_RESTARTS = 256

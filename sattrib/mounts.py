@@ -20,26 +20,42 @@ def _unescape(field: str) -> str:
     return field
 
 
-def fs_type(path: str, mountinfo: Optional[str] = None) -> Optional[str]:
-    """The type of the filesystem holding `path` (symlinks resolved; the longest mount point
-    that is a prefix of it), or None when mountinfo cannot be read."""
-    d = os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+def _mounts(mountinfo: Optional[str] = None) -> Optional[list[tuple[str, str]]]:
+    """(mount point, filesystem type) of every mount, in mountinfo's order; None when it
+    cannot be read."""
     try:
         with open(mountinfo or MOUNTINFO, encoding="utf-8", errors="replace") as f:
             lines = f.read(4 << 20).splitlines()
     except OSError:
         return None
-    best, best_type = "", None
+    out = []
     for ln in lines:
         left, sep, right = ln.partition(" - ")
         fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or not tail:
-            continue
-        mnt = _unescape(fields[4])
+        if sep and len(fields) >= 5 and tail:
+            out.append((_unescape(fields[4]), tail[0]))
+    return out
+
+
+def fs_type(path: str, mountinfo: Optional[str] = None) -> Optional[str]:
+    """The type of the filesystem holding `path` (symlinks resolved; the longest mount point
+    that is a prefix of it), or None when mountinfo cannot be read."""
+    d = os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+    mounts = _mounts(mountinfo)
+    if mounts is None:
+        return None
+    best, best_type = "", None
+    for mnt, kind in mounts:
         inside = d == mnt or d.startswith(mnt.rstrip("/") + "/")
         if inside and len(mnt) >= len(best):      # a later mount over the same point wins
-            best, best_type = mnt, tail[0]
+            best, best_type = mnt, kind
     return best_type
+
+
+def network_mounts(mountinfo: Optional[str] = None) -> list[str]:
+    """The mount points of network filesystems on this machine (the shared file systems a
+    storage error's path can be placed on, by name alone: no path is looked up)."""
+    return sorted({m for m, kind in _mounts(mountinfo) or [] if kind in NETWORK_FS})
 
 
 def network_fs_warning(database: str, mountinfo: Optional[str] = None) -> Optional[str]:

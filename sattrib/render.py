@@ -75,6 +75,9 @@ def _compress_sources(items: list) -> list:
 
 def _acted(acted: dict) -> list[str]:
     out = []
+    inc = acted.get("incident")
+    if inc:
+        out.append(_c("P" + inc["line"][1:], bold=True) + f" (sattrib incidents {inc['id']})")
     esc = acted.get("escalation")
     if esc:
         jobs = ", ".join(j["job_id"] for j in esc["earlier_jobs"])

@@ -371,6 +371,31 @@ def m013_ended_at(db: sqlite_utils.Database):
     db["diagnoses"].create_index(["culprit_node", "ended_at"])
 
 
+@migrations()
+def m014_incidents(db: sqlite_utils.Database):
+    """Cross-job incidents (sattrib.incidents): one switch, rack, PDU, chassis, NVLink domain
+    or file system behind the failures of several jobs. `incidents` holds the element, the
+    failures' span and the jobs behind it that ran on; `incident_jobs` the member diagnoses
+    (a diagnosis belongs to one incident at most). Failures are found by their job's end."""
+    db["incidents"].create({
+        "id": int, "cluster": str, "kind": str, "element": str, "element_nodes": str,
+        "element_source": str, "declared": str, "category": str, "action_code": str,
+        "window_s": float, "opened_at": str, "first_failure_at": str, "last_failure_at": str,
+        "jobs": int, "nodes": int, "failed_nodes": str, "ran_on": str, "considered": str,
+        "notify_decision": str, "notify_detail": str, "notified_at": str, "updated_at": str,
+    }, pk="id", not_null={"cluster", "kind", "element"})
+    db["incidents"].create_index(["cluster", "kind", "element", "last_failure_at"])
+    db["incidents"].create_index(["last_failure_at"])
+    db["incidents"].create_index(["notified_at"])
+    db["incident_jobs"].create({
+        "incident_id": int, "diagnosis_id": str, "cluster": str, "job_id": str,
+        "restart": int, "failed_at": str, "nodes": str, "category": str, "outcome": str,
+    }, pk=("incident_id", "diagnosis_id"), foreign_keys=[("incident_id", "incidents", "id"),
+                                                         ("diagnosis_id", "diagnoses", "id")])
+    db["incident_jobs"].create_index(["diagnosis_id"], unique=True)
+    db["diagnoses"].create_index(["cluster", "job_end"])
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -27,9 +27,10 @@ NICE = 10                   # a job's child: diagnoses can wait, scheduling and 
 def work(q: Queue, st, slot: int) -> int:
     """Take entries until the queue is empty, each job diagnosed in a child process of its
     own (its memory goes with it; a job that kills its child costs one attempt, not the
-    worker). Then let the slot go, send the summary of held notifications if no other worker
-    runs (the last to finish does), and look once more: a job queued while all slots looked
-    busy is not left behind. Returns how many entries were taken."""
+    worker). Then let the slot go, decide what waited for the queue to empty and send the
+    summary of held notifications if no other worker runs (the last to finish does), and look
+    once more: a job queued while all slots looked busy is not left behind. Returns how many
+    entries were taken."""
     _set_name("sattrib-worker")
     q.set_slots(st.worker_concurrency)
     q.tidy()
@@ -49,7 +50,7 @@ def work(q: Queue, st, slot: int) -> int:
                             "set aside in failed/" if state == "failed" else "queued again")
         os.close(slot)
         if q.busy_slots() == 0:                 # the last worker to finish
-            _send_held(st)
+            _when_empty(st)
         # (a round that took nothing ends it: what is left is another worker's to take)
         slot = q.slot(st.worker_concurrency) if taken > before and q.has_work() else None
     return taken
@@ -66,15 +67,20 @@ def _warm(st) -> None:
         log.exception("preparing the worker failed")
 
 
-def _send_held(st) -> None:
-    if not st.notify_url:
-        return
+def _when_empty(st) -> None:
+    """The queue is empty: decide what waited for it (a failure a cross-job incident could
+    still explain, sattrib.incidents.settle), then send the summary of held notifications."""
     try:
         from .actions import send_held
+        from .incidents import settle
         from .store import open_store
-        send_held(open_store(st.database), st)
+        db = open_store(st.database)
+        settle(db, st)
+        if st.notify_url:
+            send_held(db, st)
     except Exception:
-        log.exception("sending the summary of held notifications failed")
+        log.exception("deciding what waited for the queue, or sending the summary of held "
+                      "notifications, failed")
 
 
 def _run_child(c: Claim, st, slot: int) -> Optional[str]:

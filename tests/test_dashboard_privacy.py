@@ -47,6 +47,7 @@ def db(tmp_path_factory):
     diag, _ = analyze_folder(write_demo(d / "demo"), rules=rules)
     store.upsert(diag, "test", bundle_path=str(d / "demo"))
     store.sync_rules(rules)
+    _incident_of(path, ["test/1001/0"])
     return path
 
 
@@ -398,15 +399,35 @@ def secret_db(tmp_path_factory):
         diag, _ = analyze_folder(folder, rules=rules)
         store.upsert(diag, "test", bundle_path=str(folder))
     store.sync_rules(rules)
+    _incident_of(path, ["test/1002/0", "test/1003/0"])
     return path
+
+
+def _incident_of(path, dids) -> None:
+    """An incident whose members are these diagnoses (their log lines hold the secret)."""
+    con = sqlite3.connect(path)
+    n = con.execute("INSERT INTO incidents (cluster, kind, element, element_nodes, "
+                    "element_source, declared, category, action_code, window_s, opened_at, "
+                    "first_failure_at, last_failure_at, jobs, nodes, failed_nodes, ran_on, "
+                    "considered) VALUES ('test', 'leaf switch', 's1', 'node-[01-04]', "
+                    "'topology.conf', 'SwitchName=s1 Nodes=node-[01-04]', 'network_ib', "
+                    "'inspect_network_link', 300, '2026-11-02T10:01:00Z', "
+                    "'2026-11-02T10:00:00Z', '2026-11-02T10:00:30Z', 2, 2, 'node-[01-02]', "
+                    "'[]', '[]')").lastrowid
+    con.executemany("INSERT INTO incident_jobs (incident_id, diagnosis_id, cluster, job_id, "
+                    "restart, failed_at, nodes, category, outcome) SELECT ?, id, cluster, "
+                    "job_id, restart, '2026-11-02T10:00:00Z', 'node-01', category, outcome "
+                    "FROM diagnoses WHERE id = ?", [(n, d) for d in dids])
+    con.commit()
+    con.close()
 
 
 async def _every_page(ds) -> list[str]:
     """Every page the dashboard serves for this database: Datasette's own, each table and view
     and canned query (HTML, JSON, CSV; a query's parameters filled in, a query about one node or
     GPU (`:_subject_node`) once for each the database names), a row of each table, and the
-    plugin's pages for each diagnosis, job, node and GPU it holds. Fails when a plugin route got
-    no page."""
+    plugin's pages for each diagnosis, job, node, GPU and incident it holds. Fails when a plugin
+    route got no page."""
     from datasette.plugins import pm
     from datasette.utils import tilde_encode
     db = ds.get_database("diagnoses")
@@ -446,6 +467,9 @@ async def _every_page(ds) -> list[str]:
         pages += [f"/job{ext}?id={r['job_id']}" for ext in ("", ".json")]
         pages += [f"/gpu/{r['gpu_serial']}{ext}" for ext in ("", ".json") if r["gpu_serial"]]
     pages += [f"/node/{n}{ext}" for n in nodes for ext in ("", ".json")]
+    incidents = [r[0] for r in (await db.execute("select id from incidents")).rows]
+    pages += [f"/incidents{ext}?days=3650" for ext in ("", ".json")]
+    pages += [f"/incident/{n}{ext}" for n in incidents for ext in ("", ".json")]
     routes = [rx for impl in pm.hook.register_routes(datasette=ds) for rx, _ in impl or []]
     for rx in routes:
         assert any(re.match(rx, p.split("?")[0]) for p in pages), \
@@ -470,6 +494,7 @@ def test_no_page_shows_anyone_a_secret_from_a_log_line(secret_db):
         assert SECRET not in r.text, p
     assert "rank 3 on node-02 raised KeyError" in anon["/diagnosis/test/1002/0"].text
     assert "Out of memory on node-01: killed process 99" in anon["/diagnoses/candidates.json"].text
+    assert "/diagnosis/test/1002/0" in anon["/incident/1"].text     # its members, no line
     assert any(SECRET in row["text"] for row in admin.json())
 
 

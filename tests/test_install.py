@@ -277,11 +277,13 @@ def test_config_has_this_installs_paths(main):
     assert data["bundle_dir"] == f"{main.var}/bundles"
     assert data["spool_dir"] == str(main.spool)
     assert data["rules_dirs"] == [f"{main.etc}/rules.d"]
+    assert data["incident_site_file"] == f"{main.etc}/site.toml"
     reference = (ROOT / "etc/sattrib.toml").read_text()
     documented = set(re.findall(r"^# (\w+) = ", reference, re.M))
     if "log_dir" in documented:
         assert data["log_dir"] == str(main.log)
-    assert set(data) <= {"database", "bundle_dir", "spool_dir", "rules_dirs", "log_dir"}
+    assert set(data) <= {"database", "bundle_dir", "spool_dir", "rules_dirs", "log_dir",
+                         "incident_site_file"}
     # the rest of the reference is kept, commented
     assert documented - set(data) <= set(re.findall(r"^# (\w+) = ", text, re.M))
 

@@ -150,6 +150,9 @@ Prolog/Epilog environment (Slurm 22.05):
 * PrologFlags=Alloc works; PrologFlags=Contain would need proctrack/cgroup,
   which this harness does not use.
 * ``extra_conf`` lines override generated lines with the same key.
+* ``topology=`` (the text of a topology.conf) writes it beside slurm.conf and sets
+  TopologyPlugin=topology/tree; ``scontrol show topology`` then answers from it, with
+  Level= and each spine's Nodes= (22.05).
 * ReturnToService=2: a restarted slurmd makes its DOWN node idle again
   without ``scontrol update State=RESUME``.
 """
@@ -396,6 +399,7 @@ class SlurmCluster:
         start_timeout: float = 60.0,
         cleanup_stale: bool = True,
         own_hostnames: bool = False,
+        topology: str | None = None,
     ) -> None:
         if isinstance(nodes, int):
             self.nodes = [f"node{i:02d}" for i in range(1, nodes + 1)]
@@ -440,6 +444,8 @@ class SlurmCluster:
         # Each slurmd (and so its jobs and Epilogs) in its own UTS namespace whose host name
         # is the node's name: `%N` in an output pattern then names a file per node.
         self.own_hostnames = own_hostnames
+        # A topology.conf (its text) beside slurm.conf, with TopologyPlugin=topology/tree.
+        self.topology = topology
         for n in list(self.node_env) + list(self.node_path_prefix):
             if n not in self.nodes:
                 raise ValueError(f"unknown node {n!r} (nodes: {self.nodes})")
@@ -610,6 +616,9 @@ class SlurmCluster:
             lines.append(f"PrologFlags={self.prolog_flags}")
         if self.epilog_msg_time is not None:
             lines.append(f"EpilogMsgTime={self.epilog_msg_time}")
+        if self.topology:
+            lines.append("TopologyPlugin=topology/tree")
+            (self.dir / "topology.conf").write_text(self.topology)
         # extra_conf wins over generated single-key lines (slurm.conf would
         # otherwise see the key twice)
         def key(line: str) -> str:

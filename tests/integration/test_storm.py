@@ -101,10 +101,9 @@ class Sampler:
         return len(got)
 
 
-@pytest.fixture(scope="module")
-def storm(slurm_cluster_factory_module, install, nodes, hook, tmp_path_factory):
-    """The cluster, its EpilogSlurmctld under the test's timer, and the /proc sampler."""
-    d = tmp_path_factory.mktemp("storm")
+def timed(install, d: Path) -> tuple[Path, Path]:
+    """(a wrapper that runs the installed EpilogSlurmctld and appends its job id, wall clock and
+    CPU to the times file, that file)."""
     times = d / "epilog-slurmctld-times.txt"
     timer = d / "timed-epilog-slurmctld"
     q = shlex.quote
@@ -114,17 +113,28 @@ def storm(slurm_cluster_factory_module, install, nodes, hook, tmp_path_factory):
         f"echo \"$SLURM_JOB_ID $t0 $t1 $(tail -n 1 {q(str(d))}/cpu.$$)\" >> {q(str(times))}\n"
         f"rm -f {q(str(d))}/cpu.$$\nexit 0\n")
     timer.chmod(0o755)
-    c = slurm_cluster_factory_module(nodes=NODES, epilog=str(install.epilog),
-                                     epilog_slurmctld=str(timer), node_env=nodes.env)
-    # On a real cluster slurmctld has the controller to itself, and the jobs and their node
-    # Epilogs run on other machines. Here they all share two cores, with whatever else runs on
-    # the test machine: the simulated nodes get the priority of another machine (nice 10) and
-    # slurmctld, whose slurmscriptd runs EpilogSlurmctld, that of its own (-5), each for its
-    # session, which the kernel's autogroup scheduler weighs as one.
+    return timer, times
+
+
+def prioritise(c) -> None:
+    """On a real cluster slurmctld has the controller to itself, and the jobs and their node
+    Epilogs run on other machines. Here they all share two cores, with whatever else runs on
+    the test machine: the simulated nodes get the priority of another machine (nice 10) and
+    slurmctld, whose slurmscriptd runs EpilogSlurmctld, that of its own (-5), each for its
+    session, which the kernel's autogroup scheduler weighs as one."""
     for n in NODES:
         Path(f"/proc/{c.slurmd_pid(n)}/autogroup").write_text("10")
     Path(f"/proc/{(c.dir / 'run' / 'slurmctld.pid').read_text().strip()}/autogroup").write_text(
         "-5")
+
+
+@pytest.fixture(scope="module")
+def storm(slurm_cluster_factory_module, install, nodes, hook, tmp_path_factory):
+    """The cluster, its EpilogSlurmctld under the test's timer, and the /proc sampler."""
+    timer, times = timed(install, tmp_path_factory.mktemp("storm"))
+    c = slurm_cluster_factory_module(nodes=NODES, epilog=str(install.epilog),
+                                     epilog_slurmctld=str(timer), node_env=nodes.env)
+    prioritise(c)
     install.base_settings = {"munge_socket": str(c.munge_socket),
                              "journal_dir": nodes.journal_pattern,
                              "probe_path": str(nodes.probe_dir), "notify_url": hook.url,
