@@ -29,6 +29,37 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     return conn
 
 
+RUN_RECORD = "slurm/sattrib-run.json"      # sattrib's own record of the run (collect.py)
+MAX_RUN_RECORD = 4 << 20
+
+
+def output_sources(bundle) -> dict:
+    """{bundle copy of a job output file: the path the job wrote it to}, from sattrib's own
+    record of the run in the bundle; {} when there is none or this caller may not read it."""
+    if not bundle:
+        return {}
+    try:
+        with open(Path(bundle) / RUN_RECORD, "rb") as f:
+            rec = json.loads(f.read(MAX_RUN_RECORD))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for o in rec.get("outputs") or [] if isinstance(rec, dict) else []:
+        copy = o.get("copy") or str(o.get("extract") or "").removesuffix(".lines")
+        if copy and isinstance(o.get("source"), str):
+            out[copy] = o["source"]
+    return out
+
+
+def with_sources(doc: dict, sources: dict) -> dict:
+    """The diagnosis with each evidence line read from a copy of the job's output naming the
+    file the job wrote (`source_path`): the path its user knows, not the bundle's copy."""
+    for e in doc.get("evidence") or []:
+        if isinstance(e, dict) and e.get("path") in sources:
+            e["source_path"] = sources[e["path"]]
+    return doc
+
+
 def find(conn: sqlite3.Connection, path: Path, job_id: str, cluster: Optional[str] = None,
          restart: Optional[int] = None) -> list[dict]:
     where, args = ["job_id = ?"], [job_id]
@@ -38,12 +69,15 @@ def find(conn: sqlite3.Connection, path: Path, job_id: str, cluster: Optional[st
     if restart is not None:
         where.append("restart = ?")
         args.append(restart)
-    rows = _rows(conn, path, "SELECT id, cluster, restart, diagnosis_json FROM diagnoses WHERE "
+    rows = _rows(conn, path, "SELECT id, cluster, restart, diagnosis_json, bundle_path "
+                 "FROM diagnoses WHERE "
                  + " AND ".join(where) + " ORDER BY cluster, restart", args)
     from .actions import stored
     from .incidents import of_diagnosis
     return [{"cluster": r["cluster"], "restart": r["restart"],
-             "diagnosis": json.loads(r["diagnosis_json"]), **stored(conn, r["id"]),
+             "diagnosis": with_sources(json.loads(r["diagnosis_json"]),
+                                       output_sources(r["bundle_path"])),
+             **stored(conn, r["id"]),
              "incident": of_diagnosis(conn, r["id"])} for r in rows]
 
 
@@ -97,6 +131,7 @@ def find_in_bundles(bundle_dir: Path, clusters: list[str], job_id: str,
                     acted.update(json.loads(f.read()))
             except (OSError, ValueError):
                 pass              # nothing was done about it (or not recorded there)
+            doc = with_sources(doc, output_sources(bundle_dir / cluster / f"{job_id}.{r}"))
             out.append({"cluster": cluster, "restart": r, "diagnosis": doc, **acted})
         if out:
             break

@@ -26,13 +26,16 @@ def _c(text: str, **style) -> str:
 
 
 def _where(e: dict) -> str:
+    """file:line of an evidence line: the job's own output file where sattrib knows it
+    (`source_path`), else the file in the evidence folder."""
+    path = e.get("source_path") or e["path"]
     if e.get("line") is not None:
-        return f"{e['path']}:{e['line']}"
+        return f"{path}:{e['line']}"
     if e.get("cursor"):
-        return f"{e['path']} (cursor {e['cursor'][:24]}...)"
+        return f"{path} (cursor {e['cursor'][:24]}...)"
     if e.get("offset") is not None:
-        return f"{e['path']}@{e['offset']}"
-    return e["path"]
+        return f"{path}@{e['offset']}"
+    return path
 
 
 def _short(text: str, n: int = 150) -> str:

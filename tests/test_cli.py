@@ -275,3 +275,26 @@ def test_what_users_wrote_reaches_the_terminal_escaped(tmp_path):
         assert "e1 node-01/rank-0\\x1b[2J.err:1" in out
     assert "|'-2+3+cmd/calc|" in parsable and " -2+3+cmd|calc " in listed
     assert json.loads(as_json)["job"]["name"] == f"x{OSC52}{CLEAR}"    # JSON keeps the value
+
+
+def test_file_line_names_the_file_the_job_wrote(tmp_path):
+    """A job's output is read from the bundle's copy (logs/output-000.txt); `sattrib JOBID`
+    names the file the job wrote, from sattrib's own record of the run in the bundle."""
+    from sattrib.analysis import analyze_folder
+    from sattrib.store import Store
+    d, _ = analyze_folder(CASES / "same_exception_every_rank")
+    copies = sorted({e.path for e in d.evidence if e.trust.value == "job_output"})
+    assert copies
+    bundle = tmp_path / "bundle"
+    (bundle / "slurm").mkdir(parents=True)
+    written = {c: f"/home/alice/run/out-{i}.txt" for i, c in enumerate(copies)}
+    (bundle / "slurm" / "sattrib-run.json").write_text(json.dumps(
+        {"outputs": [{"copy": c, "source": s} for c, s in written.items()]}))
+    db = tmp_path / "d.db"
+    Store(db).upsert(d, "c1", bundle_path=str(bundle))
+    r = run(d.job_id, "--database", str(db), "--json")
+    assert r.returncode == 0, r.stderr
+    got = {e["path"]: e.get("source_path") for e in json.loads(r.stdout)["evidence"]}
+    assert {p: got[p] for p in copies} == written
+    r = run(d.job_id, "--database", str(db))
+    assert "/home/alice/run/out-" in r.stdout and not any(c in r.stdout for c in copies)

@@ -8,6 +8,7 @@ import re
 from datasette import hookimpl
 from datasette.utils.asgi import NotFound, Response
 
+from sattrib.lookup import output_sources, with_sources
 from sattrib_dashboard.cells import node_path
 from sattrib_dashboard.charts import epoch, metric_chart, swimlane
 from sattrib_dashboard.database import diagnoses
@@ -83,6 +84,7 @@ async def diagnosis_page(datasette, request):
                **(await _acted(db, did))}
         if show_text:
             out["bundle_path"] = row["bundle_path"]
+            with_sources(d, output_sources(row["bundle_path"]))
         return Response.json(out)
     for e in timeline:
         title = (rules.get(e["rule"]) or {}).get("title") or e["rule"]

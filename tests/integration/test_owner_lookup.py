@@ -82,6 +82,9 @@ def test_the_jobs_own_user_sees_its_evidence_lines_through_munge(cluster, instal
         doc = json.loads(mine.stdout)
         assert "evidence_text" not in doc, doc.get("evidence_text")
         assert any(SECRET in (e.get("text") or "") for e in doc["evidence"]), doc["evidence"]
+        # file:line names the file the job wrote, not the bundle's copy of it
+        mine_lines = [e for e in doc["evidence"] if SECRET in (e.get("text") or "")]
+        assert all(e["source_path"] == f"{udir}/out-{jid}.txt" for e in mine_lines), mine_lines
 
         other = as_user(65534, 65534)                    # nobody: a valid credential, not theirs
         assert other.returncode == 0, other.stderr
