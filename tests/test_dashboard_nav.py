@@ -1,8 +1,10 @@
 """Every page of the dashboard carries the same navigation in its header, in headless Chromium:
 the home page, the canned queries, a diagnosis, a node, a Datasette table and an error page."""
+import json
+
 import pytest
 
-from test_dashboard import LAPTOP, _Served, db, launch_chromium, need_chromium  # noqa: F401
+from test_dashboard import LAPTOP, _Served, db, get, launch_chromium, need_chromium  # noqa: F401
 
 PAGES = ("/", "/diagnoses/recent_failures", "/diagnoses/drain_list", "/diagnosis/test/7001/0",
          "/diagnoses/node_history?node=gn02", "/diagnoses/rules", "/diagnoses/evidence")
@@ -29,3 +31,35 @@ def test_every_page_has_the_navigation_in_its_header(db):
         page.click("header nav >> text=Drain list")
         page.wait_for_url("**/diagnoses/drain_list")
         browser.close()
+
+
+@pytest.mark.browser
+def test_home_tiles_open_their_filtered_list(db):
+    """A tile's count, outcome and family each open recent failures filtered to what they
+    count, and the list shows as many rows as the tile says."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+    s = json.loads(get(db, "/-/summary.json")[1])["windows"]["7d"]
+    with _Served(db) as srv, sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        page = browser.new_page(viewport=LAPTOP)
+        rows = page.locator("table.rows-and-columns tbody tr")
+        for r in s["by_outcome"]:
+            page.goto(srv.base + "/")
+            page.locator(".tile").nth(1).locator(f"a.outcome-{r['outcome']}").click()
+            page.wait_for_url(f"**/diagnoses/recent_failures?since=*&outcome={r['outcome']}")
+            assert rows.count() == r["n"], r
+            assert set(page.locator("td.col-outcome").all_inner_texts()) == {r["outcome"]}
+        for r in s["by_family"]:
+            page.goto(srv.base + "/")
+            page.locator(".tile").nth(1).locator("table a", has_text=r["family"]).click()
+            page.wait_for_url(f"**/diagnoses/recent_failures?since=*&family={r['family']}")
+            assert rows.count() == r["n"], r
+        page.goto(srv.base + "/")
+        page.locator(".tile").nth(1).locator("h2 a").click()
+        assert rows.count() == s["failures"]
+        browser.close()
+    infra = json.loads(get(db, "/diagnoses/recent_failures.json?_shape=array&infra=1")[1])
+    every = json.loads(get(db, "/diagnoses/diagnoses.json?_shape=array&machine_fault=1",
+                           text="all")[1])
+    assert infra and {r["job_id"] for r in infra} == {r["job_id"] for r in every}

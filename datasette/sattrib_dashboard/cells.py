@@ -21,7 +21,8 @@ LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_
           "not_counted": "Not the node's fault (not counted)",
           "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
           "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
-          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
+          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days",
+          "infra": "Infrastructure (1)"}
 TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end",
                 "last_snapshot_at", "last_diagnosis_at"}
 ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z?$")

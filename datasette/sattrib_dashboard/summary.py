@@ -32,6 +32,7 @@ async def summary(db) -> dict:
     for key, ago in (("24h", "-1 day"), ("7d", "-7 days")):
         p = {"ago": ago}
         windows[key] = {
+            "since": (await rows(f"select {SINCE} as t", p))[0]["t"],
             "failures": (await rows(f"select count(*) as n from diagnoses "
                                     f"where created_at >= {SINCE}", p))[0]["n"],
             "by_outcome": await rows(
