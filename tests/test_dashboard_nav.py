@@ -57,9 +57,26 @@ def test_home_tiles_open_their_filtered_list(db):
             assert rows.count() == r["n"], r
         page.goto(srv.base + "/")
         page.locator(".tile").nth(1).locator("h2 a").click()
+        page.wait_for_url("**/diagnoses/recent_failures?since=*")
         assert rows.count() == s["failures"]
         browser.close()
     infra = json.loads(get(db, "/diagnoses/recent_failures.json?_shape=array&infra=1")[1])
     every = json.loads(get(db, "/diagnoses/diagnoses.json?_shape=array&machine_fault=1",
                            text="all")[1])
     assert infra and {r["job_id"] for r in infra} == {r["job_id"] for r in every}
+
+
+@pytest.mark.browser
+def test_the_node_page_says_whether_the_node_is_on_the_drain_list(db):
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+    with _Served(db) as srv, sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        page = browser.new_page(viewport=LAPTOP)
+        page.goto(srv.base + "/diagnoses/node_history?node=gn02")
+        verdict = page.locator("p.verdict").inner_text()
+        assert verdict.startswith("On the drain list since 20") and "job 7001" in verdict
+        assert "action reboot_node; not acted on." in verdict
+        page.goto(srv.base + "/diagnoses/node_history?node=node-01")   # took part only
+        assert page.locator("p.verdict").inner_text().startswith("Not on the drain list")
+        browser.close()

@@ -71,16 +71,23 @@ async def summary(db) -> dict:
             "missing_telemetry_7d": missing}
 
 
-async def drain_list(datasette, db) -> dict:
-    """The drain list as a to-do list: the drain_list canned query's rows (repeat offenders
-    first, each with what sattrib did about it; resumed and repaired nodes gone), the first
-    DRAIN_ROWS of them, each with the line to copy when sattrib has not drained it."""
+async def drain_rows(datasette, db, node: str = "") -> list:
+    """The drain_list canned query's rows over the home page's window (of one node, when
+    given), each with the line to copy."""
     q = await datasette.get_canned_query(db.name, "drain_list", None)
-    rows = [dict(r) for r in (await db.execute(q["sql"], {"days": str(DRAIN_DAYS)})).rows]
+    rows = [dict(r) for r in (await db.execute(
+        q["sql"], {"days": str(DRAIN_DAYS), "node": node})).rows]
     for r in rows:
         ok = SLURM_NAME.match(r["node"]) and SLURM_NAME.match(str(r["job_id"]))
         r["scontrol"] = (f'scontrol update NodeName={r["node"]} State=DRAIN '
                          f'Reason="sattrib:{r["job_id"]} {r["category"]}"') if ok else None
+    return rows
+
+
+async def drain_list(datasette, db) -> dict:
+    """The drain list as a to-do list (repeat offenders first, each with what sattrib did about
+    it; resumed and repaired nodes gone): its first DRAIN_ROWS rows and how many there are."""
+    rows = await drain_rows(datasette, db)
     return {"drain": rows[:DRAIN_ROWS], "drain_total": len(rows)}
 
 
