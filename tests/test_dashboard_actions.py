@@ -102,3 +102,27 @@ def test_the_drain_list_is_a_to_do_list(tmp_path, slurm):
     s = json.loads(get(path, "/-/summary.json")[1])
     assert s["drain_total"] == 25
     assert not {"gn02", "hx2"} & {r["node"] for r in s["drain"]}
+
+
+@pytest.mark.browser
+def test_repeat_offenders_are_one_row_per_culprit_with_links_to_its_jobs(tmp_path, slurm):
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+    st = settings(tmp_path, drain="dry-run")
+    db = open_store(st.database)
+    for j in ("101", "102", "103", "104"):           # escalated at 103 and again at 104
+        d = diagnose("xid79_srun_combined_log", j)
+        act(db, db.upsert(d, "c1"), d, st)
+    path = tmp_path / "d.db"
+    rows = json.loads(get(path, "/diagnoses/repeat_offenders.json?_shape=array")[1])
+    assert [(r["job_id"], r["failures"]) for r in rows] == [("104", 4)]
+    with _Served(path) as srv, sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        page = browser.new_page(viewport=LAPTOP)
+        page.goto(srv.base + "/diagnoses/repeat_offenders")
+        assert page.locator("table.rows-and-columns tbody tr").count() == 1
+        earlier = page.locator("td.col-earlier_jobs a")
+        assert earlier.all_inner_texts() == ["101", "102", "103"]
+        earlier.first.click()
+        page.wait_for_url("**/diagnosis/c1/101/0")
+        browser.close()

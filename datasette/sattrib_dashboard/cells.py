@@ -3,6 +3,7 @@ times read as times, column names as words. The same links are handed to every t
 (`diag_page`, `nodes_page`, `gpu_page`, `rule_page`), so a page's address is built here only.
 
 Text from logs reaches a page only through Jinja's autoescaping or markupsafe.escape."""
+import json
 import re
 from urllib.parse import quote, unquote, urlencode
 
@@ -101,4 +102,21 @@ def render_cell(row, value, column, table, datasette):
         return _link(datasette, gpu_path(value), escape(value))
     if column in ("rule", "root_rule") and isinstance(value, str):
         return _link(datasette, rule_path(value), escape(value))
+    if column == "earlier_jobs" and isinstance(value, str):
+        return _job_links(datasette, value)
     return None
+
+
+def _job_links(datasette, value: str):
+    """A JSON list of runs ({cluster, job_id, restart}) as links to their diagnoses; None
+    (the text as it is) for anything else."""
+    try:
+        jobs = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(jobs, list) or not all(
+            isinstance(j, dict) and {"cluster", "job_id", "restart"} <= set(j) for j in jobs):
+        return None
+    return Markup(", ").join(
+        _link(datasette, diagnosis_path(j["cluster"], j["job_id"], j["restart"]),
+              escape(j["job_id"])) for j in jobs)
