@@ -80,3 +80,26 @@ def test_the_node_page_says_whether_the_node_is_on_the_drain_list(db):
         page.goto(srv.base + "/diagnoses/node_history?node=node-01")   # took part only
         assert page.locator("p.verdict").inner_text().startswith("Not on the drain list")
         browser.close()
+
+
+@pytest.mark.browser
+def test_categories_are_chips_coloured_by_family_and_chosen_from_a_list(db):
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+    with _Served(db) as srv, sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        page = browser.new_page(viewport=LAPTOP)
+        page.goto(srv.base + "/diagnoses/recent_failures")
+        colour = {c.inner_text(): c.evaluate("e => getComputedStyle(e).backgroundColor")
+                  for c in page.locator("td.col-category span.chip").all()}
+        assert colour["gpu_hardware"] == "rgb(179, 38, 30)"          # the gpu family
+        assert colour["nvlink"] == "rgb(107, 63, 160)"
+        assert page.locator("th.col-family").count() == 0              # only its colour
+        options = page.locator("select[name=category] option").all_inner_texts()
+        assert options[0] == "any" and "gpu_hardware" in options and "unattributed" in options
+        page.select_option("select[name=category]", "nvlink")
+        page.select_option("select[name=outcome]", "attributed")
+        page.click("input[type=submit]")
+        page.wait_for_url("**/recent_failures?*category=nvlink*")
+        assert set(page.locator("td.col-category").all_inner_texts()) == {"nvlink"}
+        browser.close()
