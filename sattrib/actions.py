@@ -697,8 +697,9 @@ def stored(conn, did: str) -> dict:
     return {"actions": acts, "escalation": esc}
 
 
-def resume(node: str, timeout: float) -> str:
-    """`sattrib resume NODE`: back to service only what sattrib drained."""
+def resume(node: str, timeout: float, db=None) -> str:
+    """`sattrib resume NODE`: back to service only what sattrib drained; recorded in `db`
+    (when given) beside the drain it undoes, so the node leaves the dashboard's drain list."""
     from .errors import UserError
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", node):
         raise UserError(f"not a node name: {node!r}", "give one node, e.g. sattrib resume gpu-a017")
@@ -716,4 +717,21 @@ def resume(node: str, timeout: float) -> str:
     if not r.ok:
         raise UserError(f"scontrol could not resume {node}: {_err(r)}",
                         "resuming a node needs SlurmUser or root")
+    if db is not None:
+        record_resume(db, node, reason, time.time())
     return f"{node}: resumed (was {state}, reason {reason!r})"
+
+
+def record_resume(db, node: str, reason: str, now: float) -> None:
+    """A resume, as a decision of the diagnosis whose drain it undoes (the job the reason
+    `sattrib:JOB ...` names); nothing when no recorded drain matches."""
+    job = reason[len(REASON_PREFIX):].split(" ", 1)[0]
+    row = db.db.conn.execute(
+        "SELECT a.diagnosis_id FROM actions a JOIN diagnoses x ON x.id = a.diagnosis_id "
+        "WHERE a.kind = 'drain' AND a.decision = 'taken' AND a.node = ? AND x.job_id = ? "
+        "ORDER BY a.created_at DESC LIMIT 1", [node, job]).fetchone()
+    if row:
+        db.amend_actions([], (row[0], {
+            "kind": "resume", "decision": "taken", "node": node, "created_at": _iso(now),
+            "detail": f"returned to service by sattrib resume (reason was {reason!r})",
+            "command": f"scontrol update NodeName={node} State=RESUME"}))

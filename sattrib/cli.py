@@ -4,6 +4,7 @@ Imports are lazy: `sattrib <jobid>` is typed by people and must answer at once.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -533,11 +534,15 @@ Examples:
 @click.pass_context
 def resume(ctx, node):
     """Return a node sattrib drained to service (scontrol update State=RESUME). A node whose
-    reason does not start with `sattrib:` was drained by someone else: it is left alone."""
+    reason does not start with `sattrib:` was drained by someone else: it is left alone. The
+    resume is recorded in the database (when this user may write it): the node leaves the
+    dashboard's drain list."""
     from .actions import resume as do_resume
     from .escape import visible
+    from .store import open_store
     st = _settings(ctx).settings
-    click.echo(visible(do_resume(node, st.action_timeout_s)))     # quotes Slurm's reason
+    db = open_store(st.database) if os.access(st.database, os.W_OK) else None
+    click.echo(visible(do_resume(node, st.action_timeout_s, db)))     # quotes Slurm's reason
 
 
 def _own_bundles(ctx, db_path: Path, job_id: str, cluster, restart,

@@ -3,6 +3,7 @@ times read as times, column names as words. The same links are handed to every t
 (`diag_page`, `nodes_page`, `gpu_page`, `rule_page`), so a page's address is built here only.
 
 Text from logs reaches a page only through Jinja's autoescaping or markupsafe.escape."""
+import json
 import re
 from urllib.parse import quote, unquote, urlencode
 
@@ -11,6 +12,7 @@ from datasette.utils import tilde_encode
 from datasette.utils.asgi import Response
 from markupsafe import Markup, escape
 
+from sattrib.engine.taxonomy import Category
 from sattrib_dashboard.database import DB_NAME
 
 # Column headers of the canned queries' pages (the JSON keeps the column names).
@@ -21,9 +23,17 @@ LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_
           "not_counted": "Not the node's fault (not counted)",
           "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
           "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
-          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days"}
+          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days",
+          "infra": "Infrastructure (1)"}
 TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end",
                 "last_snapshot_at", "last_diagnosis_at"}
+# A family's colour, the same on the chart of failures over time and on every category cell.
+FAMILY_COLOURS = {"gpu": "#b3261e", "nvlink": "#6b3fa0", "network": "#0f7b8a",
+                  "storage": "#8a6d0f", "scheduler": "#2f6f3e", "workload": "#3a5a97",
+                  "ambiguous": "#d98300", "unattributed": "#888888"}
+# The filters with a closed set of values, offered as a drop-down: a typo cannot match nothing.
+CHOICES = {"category": sorted(c.value for c in Category) + ["ambiguous", "unattributed"],
+           "family": sorted(FAMILY_COLOURS), "outcome": ["attributed", "ambiguous", "unattributed"]}
 ISO = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z?$")
 
 
@@ -71,7 +81,7 @@ def _link(datasette, path, text):
 @hookimpl
 def extra_template_vars(datasette):
     path = datasette.urls.path
-    return {"column_label": column_label,
+    return {"column_label": column_label, "family_colours": FAMILY_COLOURS, "choices": CHOICES,
             "diag_page": lambda r: path(diagnosis_path(r["cluster"], r["job_id"], r["restart"])),
             "nodes_page": lambda n: path(node_path(n)),
             "gpu_page": lambda g: path(gpu_path(g)),
@@ -100,4 +110,25 @@ def render_cell(row, value, column, table, datasette):
         return _link(datasette, gpu_path(value), escape(value))
     if column in ("rule", "root_rule") and isinstance(value, str):
         return _link(datasette, rule_path(value), escape(value))
+    if column == "category" and "family" in keys and isinstance(value, str):
+        colour = FAMILY_COLOURS.get(row["family"] or "", "#555555")
+        return Markup('<span class="chip" style="background: {}">{}</span>').format(
+            colour, escape(value))
+    if column == "earlier_jobs" and isinstance(value, str):
+        return _job_links(datasette, value)
     return None
+
+
+def _job_links(datasette, value: str):
+    """A JSON list of runs ({cluster, job_id, restart}) as links to their diagnoses; None
+    (the text as it is) for anything else."""
+    try:
+        jobs = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(jobs, list) or not all(
+            isinstance(j, dict) and {"cluster", "job_id", "restart"} <= set(j) for j in jobs):
+        return None
+    return Markup(", ").join(
+        _link(datasette, diagnosis_path(j["cluster"], j["job_id"], j["restart"]),
+              escape(j["job_id"])) for j in jobs)

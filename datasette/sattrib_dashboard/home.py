@@ -1,5 +1,6 @@
 """The home page, the admin's first five seconds: the figures of sattrib_dashboard.summary,
-a job-id box and a search box, and links to every page."""
+a job-id box and a search box; each tile's figures link to the failures they count. The
+links to every page are in every page's header (templates/_crumbs.html)."""
 from datasette import hookimpl
 from datasette.utils.asgi import Response
 

@@ -6,6 +6,8 @@ from datasette import hookimpl
 
 from sattrib_dashboard.cells import moved_to, node_path
 from sattrib_dashboard.charts import swimlane
+from sattrib_dashboard.database import diagnoses
+from sattrib_dashboard.summary import DRAIN_DAYS, drain_rows
 
 # The part a node played in a failed job, as the query's `role` column says it (from the
 # stored fault column, engine/taxonomy.py's word for whose fault). Each role is a lane of its
@@ -50,10 +52,18 @@ def node_view(rows) -> dict:
 
 
 @hookimpl
-def extra_template_vars(template):
-    if template == "query-diagnoses-node_history.html":
-        return {"node_view": node_view}
-    return {}
+def extra_template_vars(template, datasette, request):
+    """The node page's rows drawn (node_view) and its verdict: its row of the drain list, or
+    None when it is not on it."""
+    if template != "query-diagnoses-node_history.html":
+        return {}
+
+    async def node_vars():
+        node = request.args.get("node") or ""
+        rows = await drain_rows(datasette, diagnoses(datasette), node) if node else []
+        return {"node_view": node_view, "on_drain_list": rows[0] if rows else None,
+                "drain_days": DRAIN_DAYS}
+    return node_vars
 
 
 @hookimpl

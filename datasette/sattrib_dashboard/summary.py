@@ -1,7 +1,8 @@
 """The home page's figures, also /-/summary.json: failed runs in the last day and week by
 outcome and family, the drain list, repeat offenders, the telemetry most often missing and
-hook health. The drain list reads the stored machine_fault and out_of_service columns
-(sattrib/store.py, from engine/taxonomy.py), the columns the drain policy decides by."""
+hook health. The drain list (the drain_list canned query) reads the stored machine_fault and
+out_of_service columns (sattrib/store.py, from engine/taxonomy.py), the columns the drain
+policy decides by, and the actions table, what the policy did."""
 import json
 import re
 
@@ -14,6 +15,7 @@ from sattrib_dashboard.database import diagnoses
 # Actions that take a node or GPU out of service, as the page names them.
 DRAIN_ACTIONS = tuple(a.value for a in Action if out_of_service(a))
 DRAIN_DAYS = 7
+DRAIN_ROWS = 20     # the home page's share of the drain list; the drain_list page has them all
 SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SINCE = "strftime('%Y-%m-%dT%H:%M:%SZ', 'now', :ago)"
 # Hook health on the home page: the nodes named by diagnoses in the last HEALTH_DAYS, those
@@ -30,6 +32,7 @@ async def summary(db) -> dict:
     for key, ago in (("24h", "-1 day"), ("7d", "-7 days")):
         p = {"ago": ago}
         windows[key] = {
+            "since": (await rows(f"select {SINCE} as t", p))[0]["t"],
             "failures": (await rows(f"select count(*) as n from diagnoses "
                                     f"where created_at >= {SINCE}", p))[0]["n"],
             "by_outcome": await rows(
@@ -41,22 +44,6 @@ async def summary(db) -> dict:
         }
     w = windows["7d"]
     unexplained = sum(r["n"] for r in w["by_outcome"] if r["outcome"] != "attributed")
-    drain = await rows(f"""
-        with latest as (
-          select *, row_number() over (partition by culprit_node
-                                       order by created_at desc, id desc) as n
-          from diagnoses
-          where outcome = 'attributed' and culprit_node is not null and created_at >= {SINCE})
-        select l.culprit_node as node, l.culprit_gpu as gpu, l.cluster, l.job_id, l.restart,
-               l.category, coalesce(e.to_action, l.action_code) as action_code, l.action,
-               l.created_at
-        from latest l left join escalations e on e.diagnosis_id = l.id
-        where l.n = 1 and l.machine_fault and (l.out_of_service or e.to_action is not null)
-        order by l.created_at desc, node""", {"ago": f"-{DRAIN_DAYS} days"})
-    for r in drain:
-        ok = SLURM_NAME.match(r["node"]) and SLURM_NAME.match(str(r["job_id"]))
-        r["scontrol"] = (f'scontrol update NodeName={r["node"]} State=DRAIN '
-                         f'Reason="sattrib:{r["job_id"]} {r["category"]}"') if ok else None
     missing = await rows(f"""
         select m.source, count(distinct m.diagnosis_id) as diagnoses,
                count(distinct m.node) as nodes
@@ -80,8 +67,28 @@ async def summary(db) -> dict:
             "unexplained_7d": unexplained,
             "unexplained_share_7d": round(unexplained / w["failures"], 3) if w["failures"]
             else None,
-            "drain_days": DRAIN_DAYS, "drain_actions": list(DRAIN_ACTIONS), "drain": drain,
+            "drain_days": DRAIN_DAYS, "drain_actions": list(DRAIN_ACTIONS),
             "missing_telemetry_7d": missing}
+
+
+async def drain_rows(datasette, db, node: str = "") -> list:
+    """The drain_list canned query's rows over the home page's window (of one node, when
+    given), each with the line to copy."""
+    q = await datasette.get_canned_query(db.name, "drain_list", None)
+    rows = [dict(r) for r in (await db.execute(
+        q["sql"], {"days": str(DRAIN_DAYS), "node": node})).rows]
+    for r in rows:
+        ok = SLURM_NAME.match(r["node"]) and SLURM_NAME.match(str(r["job_id"]))
+        r["scontrol"] = (f'scontrol update NodeName={r["node"]} State=DRAIN '
+                         f'Reason="sattrib:{r["job_id"]} {r["category"]}"') if ok else None
+    return rows
+
+
+async def drain_list(datasette, db) -> dict:
+    """The drain list as a to-do list (repeat offenders first, each with what sattrib did about
+    it; resumed and repaired nodes gone): its first DRAIN_ROWS rows and how many there are."""
+    rows = await drain_rows(datasette, db)
+    return {"drain": rows[:DRAIN_ROWS], "drain_total": len(rows)}
 
 
 async def hook_health(datasette, db) -> dict | None:
@@ -104,7 +111,8 @@ async def hook_health(datasette, db) -> dict | None:
 async def figures(datasette) -> dict:
     """Everything the home page shows, as /-/summary.json gives it."""
     db = diagnoses(datasette)
-    return dict(await summary(db), hook_health=await hook_health(datasette, db))
+    return dict(await summary(db), **await drain_list(datasette, db),
+                hook_health=await hook_health(datasette, db))
 
 
 async def summary_json(datasette):
