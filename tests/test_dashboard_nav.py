@@ -9,7 +9,7 @@ from test_dashboard import LAPTOP, _Served, db, get, launch_chromium, need_chrom
 PAGES = ("/", "/diagnoses/recent_failures", "/diagnoses/drain_list", "/diagnosis/test/7001/0",
          "/diagnoses/node_history?node=gn02", "/diagnoses/rules", "/diagnoses/evidence")
 LINKS = ["Home", "Drain list", "Recent failures", "Node hotspots", "GPU hotspots",
-         "Repeat offenders", "Workload failures", "Over time", "Unexplained",
+         "Repeat offenders", "Incidents", "Workload failures", "Over time", "Unexplained",
          "Missing telemetry", "Hook health", "Tables"]
 
 
