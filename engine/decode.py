@@ -83,23 +83,12 @@ def catalog_digest() -> str:
     return xidcat.catalog_digest()
 
 
-_CAUSED_BY = re.compile(r"\bcaused by previous Xid (\d+)")
-
-
 @decoder
 def xid(ev: Event, tc: TimeContext) -> None:
     code = int(ev.caps.get("xid", "0"))
     v = xidcat.classify(code, ev.caps.get("body", ""))
-    m = _CAUSED_BY.search(ev.caps.get("body", ""))
-    if code == 45 and m:
-        # The driver tore the channel down after an earlier Xid it names: the line is the
-        # driver's own word that that Xid happened on this GPU, even where its line is gone.
-        first = int(m.group(1))
-        v = xidcat.classify(first, "")
-        v.detail = f"Xid 45 after Xid {first} ({xidcat.meaning(first)})"
-        code = first
     ev.category, ev.role, ev.weak, ev.suggests = v.category, v.role, v.weak, v.suggests
-    ev.tag(*v.tags, f"xid{code}")
+    ev.tag(*v.tags, f"xid{v.code}")
     ev.action = v.action
     ev.detail = v.detail
     pid = ev.caps.get("pid", "").strip("'")
