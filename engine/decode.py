@@ -88,7 +88,7 @@ def xid(ev: Event, tc: TimeContext) -> None:
     code = int(ev.caps.get("xid", "0"))
     v = xidcat.classify(code, ev.caps.get("body", ""))
     ev.category, ev.role, ev.weak, ev.suggests = v.category, v.role, v.weak, v.suggests
-    ev.tag(*v.tags, f"xid{v.code}")
+    ev.tag(*v.tags, Tag.gpu_xid, f"xid{v.code}")
     ev.action = v.action
     ev.detail = v.detail
     pid = ev.caps.get("pid", "").strip("'")
@@ -177,6 +177,8 @@ _SIGNALS = {"Killed": 9, "Aborted": 6, "Segmentation fault": 11, "Bus error": 7,
 def srun_exit(ev: Event, tc: TimeContext) -> None:
     how = ev.caps.get("how") or ""
     tasks = ev.caps.get("tasks") or ""
+    if tasks:
+        ev.tag(Tag.task_list)
     if tasks.isdigit():
         ev.rank = int(tasks)
     if how.startswith("Out Of Memory"):
@@ -247,6 +249,7 @@ _BLOCK = {
 def childfailed(ev: Event, tc: TimeContext) -> None:
     """torchelastic's per-failure block: rank line plus the time/host/exitcode lines near it."""
     ev.role = Role.context
+    ev.tag(Tag.failure_report)
     block = list(ev.line.following)
     for text in block:
         for key, rx in _BLOCK.items():

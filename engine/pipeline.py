@@ -66,7 +66,7 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     # Xid 45 (channel teardown) is the driver cleaning up after a process ended: beside another
     # Xid on the node it follows that one (a symptom); alone it is context, never a root (every
     # killed CUDA program leaves one).
-    xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"
+    xid_nodes = Counter(e.node for e in events if Tag.gpu_xid in e.tags
                         and Tag.channel_teardown not in e.tags)
     for e in events:
         if Tag.channel_teardown in e.tags and not xid_nodes.get(e.node):

@@ -260,3 +260,7 @@ class Tag(str, Enum):
     sympathetic = "sympathetic"              # a link error reported by the healthy end
     task_exit = "task_exit"
     exit_code = "exit_code"
+    gpu_xid = "gpu_xid"                      # an Xid as the driver (or DCGM) reports it
+    failure_report = "failure_report"        # the launcher's report of a failed rank: host,
+                                             # time and exit code (torchelastic)
+    task_list = "task_list"                  # srun names the node the listed tasks ran on

@@ -1,4 +1,7 @@
 """Every rule file: schema, id matches path, unique ids, its own examples; the loader's errors."""
+import re
+from pathlib import Path
+
 import pytest
 
 from sattrib.engine.matcher import PatternError, check_linear, required_literals
@@ -176,3 +179,19 @@ def test_each_message_shape_is_searched_once_and_gives_each_line_its_own_groups(
            for code in (79, 31, 79)]
     assert got == [{"xid79"}, set(), {"xid79"}]
     assert searched == {"timeout": 1, "xid79": 3}
+
+
+ENGINE_DIR = Path(__file__).parent.parent / "engine"
+
+
+@pytest.mark.parametrize("what,pattern", [
+    ("an Xid number", r"\bcode\s*(?:==|!=|in|not in|<=|>=|<|>)\s*[(\d]|\d\s*<=\s*code\b"),
+    ("a decoder name", r"\.decode\s*(?:==|!=|in|not in)\s*[\"'(]"),
+])
+def test_the_engine_keys_on_no(what, pattern):
+    """What a line means is data on its rule or catalog row (a decoder's typed tag, a row of
+    engine/xid_policy.tsv), never a branch on a literal in engine code."""
+    hits = [f"{p.name}:{n}: {line.strip()}" for p in sorted(ENGINE_DIR.glob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(pattern, line)]
+    assert not hits, f"engine code keys on {what}:\n" + "\n".join(hits)
