@@ -12,7 +12,7 @@ from . import public
 from .decode import Event, normalize_pci
 from .incident import TRUSTED
 from .models import Bundle
-from .taxonomy import FAMILY, Action, Category, Role, Source, Tag
+from .taxonomy import FAMILY, Action, Category, Fact, Role, Source, Tag
 
 
 @dataclass
@@ -101,7 +101,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
     # GPU identity: the kernel's "GPU at PCI:...: GPU-<uuid>" line (and the serial line right
     # after it) and nvidia-smi's serial/UUID fields, per (node, PCI address).
     last_pci: dict = {}
-    for ev in sorted((e for e in events if e.rule.id in ("gpu.identity", "gpu.smi_identity")),
+    for ev in sorted((e for e in events if e.rule.fact == Fact.gpu_identity),
                      key=Event.sort_key):
         node = ev.node or ev.line.node
         key_doc = ev.line.doc

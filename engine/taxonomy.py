@@ -245,6 +245,19 @@ class Outcome(str, Enum):
     unattributed = "unattributed"
 
 
+class Fact(str, Enum):
+    """What a later stage reads a rule's hits as, beyond a cause: a closed set a rule names
+    with `fact:`, so the stages ask for the fact, never for a rule id."""
+    gpu_identity = "gpu_identity"            # a GPU's UUID or serial beside its bus address
+    probe_failed = "probe_failed"            # one of sattrib's own node probes failed
+    rank_progress = "rank_progress"          # a rank's NCCL work counters (enqueued, completed)
+    collective_timeout = "collective_timeout"   # a rank's watchdog saw a collective time out
+    desync_report = "desync_report"          # PyTorch's report of the ranks that lagged
+    flight_recorder = "flight_recorder"      # a rank's flight-recorder dump, one process group
+    peer_dead = "peer_dead"                  # NCCL RAS declared a peer dead
+    util_fell_first = "util_fell_first"      # a GPU went idle before the rest of the job's
+
+
 class Tag(str, Enum):
     """What the stages mark on an event for each other (names equal values, so a Tag compares
     and hashes like its string). Numbered labels (xid31, signal9, exit-9, ibstatus12,

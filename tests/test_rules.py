@@ -187,6 +187,7 @@ ENGINE_DIR = Path(__file__).parent.parent / "engine"
 @pytest.mark.parametrize("what,pattern", [
     ("an Xid number", r"\bcode\s*(?:==|!=|in|not in|<=|>=|<|>)\s*[(\d]|\d\s*<=\s*code\b"),
     ("a decoder name", r"\.decode\s*(?:==|!=|in|not in)\s*[\"'(]"),
+    ("a rule id", r"\.id\s*(?:==|!=|in|not in)\s*[\"'(]|\bRULE\s*="),
 ])
 def test_the_engine_keys_on_no(what, pattern):
     """What a line means is data on its rule or catalog row (a decoder's typed tag, a row of
@@ -195,3 +196,26 @@ def test_the_engine_keys_on_no(what, pattern):
             for n, line in enumerate(p.read_text().splitlines(), 1)
             if re.search(pattern, line)]
     assert not hits, f"engine code keys on {what}:\n" + "\n".join(hits)
+
+
+def test_a_rule_names_a_fact_from_the_closed_set(tmp_path):
+    """A stage asks for a fact (`fact: rank_progress`), not for a rule id: a site rule can
+    feed it, and a misspelt fact is refused at load."""
+    d = tmp_path / "rules" / "site"
+    d.mkdir(parents=True)
+    rule = ("id: site.progress\ntitle: our launcher's progress line\nrole: context\n"
+            "source: stderr\nfact: {fact}\npattern: 'step=(?P<enq>\\d+)'\nexplain: progress\n"
+            "examples:\n  match:\n    - line: 'step=4'\n")
+    (d / "progress.yaml").write_text(rule.format(fact="rank_progress"))
+    rs = load_rules([tmp_path / "rules"], builtin=False, cache=False)
+    assert rs.by_id["site.progress"].rule.fact == "rank_progress"
+    (d / "progress.yaml").write_text(rule.format(fact="rank_progres"))
+    with pytest.raises(RuleError, match="site/progress.yaml: fact: "):
+        load_rules([tmp_path / "rules"], builtin=False, cache=False)
+
+
+@pytest.mark.parametrize("fact", ["gpu_identity", "probe_failed", "rank_progress",
+                                  "collective_timeout", "desync_report", "flight_recorder",
+                                  "peer_dead", "util_fell_first"])
+def test_every_fact_is_named_by_a_builtin_rule(fact):
+    assert any(c.rule.fact == fact for c in load_rules().rules)
