@@ -149,8 +149,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
                 ev.gpu = L.rank_gpu.get(ev.rank)
         if ev.peer:
             n = _resolve_host(ev.peer, nodes) or L.host_node.get(ev.peer.split("<")[0])
-            if n:
-                ev.tag(f"points_at:{n}")
+            ev.points_at = n
         if ev.rank is not None and ev.rank in L.rank_exit and ev.source == Source.stderr:
             t = L.rank_exit[ev.rank][0] + 1.0
             # A rank's own error came before that rank's process exited.

@@ -45,6 +45,7 @@ class Event:
     blame: Optional[tuple] = None   # (category, Blame) its rule or catalog row declares
     tags: frozenset = frozenset()   # rebound, never mutated: most events carry none
     peer: Optional[str] = None      # host or address this line blames (a locator)
+    points_at: Optional[str] = None  # the job's node that peer is (correlate)
     when: Optional[float] = None    # instant stated inside the message (CANCELLED AT ...)
     id: str = ""
     root: Optional[str] = None
@@ -199,6 +200,8 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
             ev.action = Action.fix_application
     elif sig is not None:
         ev.tag(f"signal{sig}")
+        if sig == _SIGNALS["Killed"]:
+            ev.tag(Tag.task_killed)
         if sig in _CRASH_SIGNALS:
             # The task crashed on its own (SIGSEGV, SIGBUS, SIGFPE, SIGILL). SIGKILL and SIGTERM
             # are what srun sends the other tasks while it tears the step down, and SIGABRT is

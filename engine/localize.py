@@ -518,8 +518,7 @@ def _progress(events: list[Event], links: Links, suspects: list) -> Optional[Loc
 def _ras(events: list[Event]) -> Optional[Located]:
     """The nodes NCCL RAS declared dead (the peers correlate placed on a node)."""
     evs = [e for e in events if e.rule.fact == Fact.peer_dead]
-    nodes = sorted({t.split(":", 1)[1] for e in evs for t in e.tags
-                    if t.startswith("points_at:")})
+    nodes = sorted({e.points_at for e in evs if e.points_at})
     if not nodes:
         return None
     return Located([], nodes, f"NCCL RAS declared {compress(nodes)} dead or unresponsive",

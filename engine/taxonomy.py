@@ -261,7 +261,7 @@ class Fact(str, Enum):
 class Tag(str, Enum):
     """What the stages mark on an event for each other (names equal values, so a Tag compares
     and hashes like its string). Numbered labels (xid31, signal9, exit-9, ibstatus12,
-    link4, nvl5:<bucket>, points_at:<node>) stay plain strings: they only describe."""
+    link4, nvl5:<bucket>) stay plain strings: they only describe, no stage reads them."""
     teardown = "teardown"                    # printed while the job was being torn down
     device_lost = "device_lost"              # the GPU is gone from the bus
     reboot_required = "reboot_required"      # the driver's recovery action (Xid 154): reboot
@@ -272,6 +272,7 @@ class Tag(str, Enum):
     repeat_implicates_gpu = "repeat_implicates_gpu"   # Xid 13/31: repeats point at the GPU
     sympathetic = "sympathetic"              # a link error reported by the healthy end
     task_exit = "task_exit"
+    task_killed = "task_killed"              # srun reports a task killed (SIGKILL): teardown
     exit_code = "exit_code"
     gpu_xid = "gpu_xid"                      # an Xid as the driver (or DCGM) reports it
     failure_report = "failure_report"        # the launcher's report of a failed rank: host,

@@ -188,10 +188,11 @@ ENGINE_DIR = Path(__file__).parent.parent / "engine"
     ("an Xid number", r"\bcode\s*(?:==|!=|in|not in|<=|>=|<|>)\s*[(\d]|\d\s*<=\s*code\b"),
     ("a decoder name", r"\.decode\s*(?:==|!=|in|not in)\s*[\"'(]"),
     ("a rule id", r"\.id\s*(?:==|!=|in|not in)\s*[\"'(]|\bRULE\s*="),
+    ("a string tag", r"[\"'][\w:-]+[\"']\s+(?:not )?in\s+\w+\.tags|\.startswith\([\"'][a-z_]+:"),
 ])
 def test_the_engine_keys_on_no(what, pattern):
     """What a line means is data on its rule or catalog row (a decoder's typed tag, a row of
-    engine/xid_policy.tsv), never a branch on a literal in engine code."""
+    engine/xid_policy.tsv, a rule's `fact`), never a branch on a literal in engine code."""
     hits = [f"{p.name}:{n}: {line.strip()}" for p in sorted(ENGINE_DIR.glob("*.py"))
             for n, line in enumerate(p.read_text().splitlines(), 1)
             if re.search(pattern, line)]
