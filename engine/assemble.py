@@ -11,7 +11,7 @@ from .incident import Incident
 from .lineparse import iso_utc
 from .models import (Bundle, Cause, Completeness, Diagnosis, Evidence, JobSummary, Metric,
                      SourceState, Symptom)
-from .taxonomy import TRUST, Action, Outcome, Role, Source, Tag
+from .taxonomy import TRUST, Action, Fact, Outcome, Role, Source, Tag
 from .verdict import (cause_action, cause_blame, cause_trust, contradicted_by, job_blame,
                       rank_list)
 from .xid import meaning as xid_meaning
@@ -215,7 +215,7 @@ def _completeness(bundle: Bundle, events, notes: Counter) -> Completeness:
     # one of a source says why it is missing.
     probes = [SourceState(source=e.caps.get("src", "probe"), node=e.node, state="probe_failed",
                           probe=e.caps.get("probe"), reason=e.caps.get("reason"))
-              for e in events if e.rule.id == "probe.failed" and e.node]
+              for e in events if e.rule.fact == Fact.probe_failed and e.node]
     why: dict = {}
     for p in probes:
         why.setdefault((p.source, p.node), p)

@@ -12,7 +12,7 @@ from . import public
 from .decode import Event, normalize_pci
 from .incident import TRUSTED
 from .models import Bundle
-from .taxonomy import FAMILY, Action, Category, Role, Source, Tag
+from .taxonomy import FAMILY, Action, Category, Fact, Role, Source, Tag
 
 
 @dataclass
@@ -63,7 +63,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
     for ev in events:
         if ev.rank is None:
             continue
-        if ev.rule.decode == "childfailed":
+        if Tag.failure_report in ev.tags:
             n = _resolve_host(ev.caps.get("host"), nodes)
             if n:
                 launcher[ev.rank][n] += 10
@@ -74,7 +74,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             if n:
                 printed[ev.rank][n] += 1
     for ev in events:                     # srun: error: <node>: tasks 32-35,37: ...
-        if ev.rule.decode == "srun_exit" and ev.caps.get("tasks"):
+        if Tag.task_list in ev.tags:
             n = _resolve_host(ev.caps.get("node"), nodes)
             for r in _ranks(ev.caps["tasks"]):
                 if n:
@@ -96,12 +96,12 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             if node and ev.caps.get("dev", "").isdigit():
                 L.node_gpu_index[(node, int(ev.caps["dev"]))] = pci
     for ev in events:
-        if ev.rule.decode == "childfailed" and ev.rank is not None and ev.when is not None:
+        if Tag.failure_report in ev.tags and ev.rank is not None and ev.when is not None:
             L.rank_exit[ev.rank] = (ev.when, ev.caps.get("exitcode"))
     # GPU identity: the kernel's "GPU at PCI:...: GPU-<uuid>" line (and the serial line right
     # after it) and nvidia-smi's serial/UUID fields, per (node, PCI address).
     last_pci: dict = {}
-    for ev in sorted((e for e in events if e.rule.id in ("gpu.identity", "gpu.smi_identity")),
+    for ev in sorted((e for e in events if e.rule.fact == Fact.gpu_identity),
                      key=Event.sort_key):
         node = ev.node or ev.line.node
         key_doc = ev.line.doc
@@ -149,8 +149,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
                 ev.gpu = L.rank_gpu.get(ev.rank)
         if ev.peer:
             n = _resolve_host(ev.peer, nodes) or L.host_node.get(ev.peer.split("<")[0])
-            if n:
-                ev.tag(f"points_at:{n}")
+            ev.points_at = n
         if ev.rank is not None and ev.rank in L.rank_exit and ev.source == Source.stderr:
             t = L.rank_exit[ev.rank][0] + 1.0
             # A rank's own error came before that rank's process exited.
@@ -167,7 +166,7 @@ def _lone_task_failure(events: list[Event], nodes: set) -> dict:
     for ev in events:
         if ev.line.node is None and ev.line.rank is not None:
             ranked.add(ev.line.doc)
-        if ev.rule.decode == "srun_exit" and Tag.exit_code in ev.tags and ev.line.node is None:
+        if Tag.exit_code in ev.tags and ev.line.node is None:
             exits[ev.line.doc].append(ev)
     out = {}
     for doc, evs in exits.items():
@@ -255,7 +254,7 @@ def repeats_across_processes(events: list[Event]) -> None:
     # is no passing event: the recurrence backs the single line.
     again: dict[tuple, list[Event]] = defaultdict(list)
     for e in events:
-        if e.suggests and e.rule.decode == "xid" and e.source in TRUSTED and e.gpu \
+        if e.suggests and Tag.gpu_xid in e.tags and e.source in TRUSTED and e.gpu \
                 and e.category != Category.application_error:
             again[(e.node, e.gpu, e.caps.get("xid"))].append(e)
     for evs in again.values():

@@ -45,6 +45,7 @@ class Event:
     blame: Optional[tuple] = None   # (category, Blame) its rule or catalog row declares
     tags: frozenset = frozenset()   # rebound, never mutated: most events carry none
     peer: Optional[str] = None      # host or address this line blames (a locator)
+    points_at: Optional[str] = None  # the job's node that peer is (correlate)
     when: Optional[float] = None    # instant stated inside the message (CANCELLED AT ...)
     id: str = ""
     root: Optional[str] = None
@@ -83,23 +84,12 @@ def catalog_digest() -> str:
     return xidcat.catalog_digest()
 
 
-_CAUSED_BY = re.compile(r"\bcaused by previous Xid (\d+)")
-
-
 @decoder
 def xid(ev: Event, tc: TimeContext) -> None:
     code = int(ev.caps.get("xid", "0"))
     v = xidcat.classify(code, ev.caps.get("body", ""))
-    m = _CAUSED_BY.search(ev.caps.get("body", ""))
-    if code == 45 and m:
-        # The driver tore the channel down after an earlier Xid it names: the line is the
-        # driver's own word that that Xid happened on this GPU, even where its line is gone.
-        first = int(m.group(1))
-        v = xidcat.classify(first, "")
-        v.detail = f"Xid 45 after Xid {first} ({xidcat.meaning(first)})"
-        code = first
     ev.category, ev.role, ev.weak, ev.suggests = v.category, v.role, v.weak, v.suggests
-    ev.tag(*v.tags, f"xid{code}")
+    ev.tag(*v.tags, Tag.gpu_xid, f"xid{v.code}")
     ev.action = v.action
     ev.detail = v.detail
     pid = ev.caps.get("pid", "").strip("'")
@@ -188,6 +178,8 @@ _SIGNALS = {"Killed": 9, "Aborted": 6, "Segmentation fault": 11, "Bus error": 7,
 def srun_exit(ev: Event, tc: TimeContext) -> None:
     how = ev.caps.get("how") or ""
     tasks = ev.caps.get("tasks") or ""
+    if tasks:
+        ev.tag(Tag.task_list)
     if tasks.isdigit():
         ev.rank = int(tasks)
     if how.startswith("Out Of Memory"):
@@ -208,6 +200,8 @@ def srun_exit(ev: Event, tc: TimeContext) -> None:
             ev.action = Action.fix_application
     elif sig is not None:
         ev.tag(f"signal{sig}")
+        if sig == _SIGNALS["Killed"]:
+            ev.tag(Tag.task_killed)
         if sig in _CRASH_SIGNALS:
             # The task crashed on its own (SIGSEGV, SIGBUS, SIGFPE, SIGILL). SIGKILL and SIGTERM
             # are what srun sends the other tasks while it tears the step down, and SIGABRT is
@@ -258,6 +252,7 @@ _BLOCK = {
 def childfailed(ev: Event, tc: TimeContext) -> None:
     """torchelastic's per-failure block: rank line plus the time/host/exitcode lines near it."""
     ev.role = Role.context
+    ev.tag(Tag.failure_report)
     block = list(ev.line.following)
     for text in block:
         for key, rx in _BLOCK.items():

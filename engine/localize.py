@@ -32,10 +32,9 @@ from .correlate import Links
 from .decode import Event
 from .hostlist import compress
 from .models import Localization
-from .taxonomy import Action, Outcome
+from .taxonomy import Action, Fact, Outcome
 from .verdict import rank_list
 
-RULE = "torch.flight_recorder"
 PREFIX = "flight_recorder rank="
 MAX_EVIDENCE = 12
 MAX_MEMBERS = 1 << 17
@@ -186,7 +185,7 @@ def _read_lines(events: list[Event]):
     """{(pg, rank): view}, {rank: "read" | "empty" | "unreadable"} from the rule's lines; a
     rank read twice (two copies of its dump) keeps its first, in path order."""
     views, dumps = {}, {}
-    for ev in sorted((e for e in events if e.rule.id == RULE and e.rank is not None),
+    for ev in sorted((e for e in events if e.rule.fact == Fact.flight_recorder and e.rank is not None),
                      key=lambda e: (e.line.doc, e.line.message)):
         words = ev.line.message.split(" ")
         kv = dict(w.split("=", 1) for w in words[2:] if "=" in w)
@@ -493,7 +492,7 @@ def _ranks_in(text: str) -> set:
 
 
 def _desync(events: list[Event], links: Links, world: int) -> Optional[Located]:
-    evs = [e for e in events if e.rule.id == "torch.desync_report"
+    evs = [e for e in events if e.rule.fact == Fact.desync_report
            and any(e.caps.get(k) for k in ("lagging", "started", "ended"))]
     ranks = sorted({r for e in evs for k in ("lagging", "started", "ended")
                     for r in _ranks_in(e.caps.get(k, ""))})
@@ -509,7 +508,7 @@ def _progress(events: list[Event], links: Links, suspects: list) -> Optional[Loc
     ranks = sorted(r for r, _ in suspects)
     if not ranks:
         return None
-    evs = [e for e in events if e.rule.id == "torch.progress" and e.rank in set(ranks)]
+    evs = [e for e in events if e.rule.fact == Fact.rank_progress and e.rank in set(ranks)]
     return Located(ranks, _nodes(ranks, links),
                    f"the ranks' progress counters show {_who(ranks, links)} behind the others "
                    "(fewer NCCL work items enqueued): the others waited for "
@@ -518,9 +517,8 @@ def _progress(events: list[Event], links: Links, suspects: list) -> Optional[Loc
 
 def _ras(events: list[Event]) -> Optional[Located]:
     """The nodes NCCL RAS declared dead (the peers correlate placed on a node)."""
-    evs = [e for e in events if e.rule.id == "nccl.ras_peer_dead"]
-    nodes = sorted({t.split(":", 1)[1] for e in evs for t in e.tags
-                    if t.startswith("points_at:")})
+    evs = [e for e in events if e.rule.fact == Fact.peer_dead]
+    nodes = sorted({e.points_at for e in evs if e.points_at})
     if not nodes:
         return None
     return Located([], nodes, f"NCCL RAS declared {compress(nodes)} dead or unresponsive",
@@ -528,7 +526,7 @@ def _ras(events: list[Event]) -> Optional[Located]:
 
 
 def _metrics(events: list[Event]) -> Optional[Located]:
-    evs = sorted((e for e in events if e.rule.id == "metrics.gpu_util_fell_first" and e.node),
+    evs = sorted((e for e in events if e.rule.fact == Fact.util_fell_first and e.node),
                  key=Event.sort_key)
     if not evs:
         return None

@@ -66,7 +66,7 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     # Xid 45 (channel teardown) is the driver cleaning up after a process ended: beside another
     # Xid on the node it follows that one (a symptom); alone it is context, never a root (every
     # killed CUDA program leaves one).
-    xid_nodes = Counter(e.node for e in events if e.rule.decode == "xid"
+    xid_nodes = Counter(e.node for e in events if Tag.gpu_xid in e.tags
                         and Tag.channel_teardown not in e.tags)
     for e in events:
         if Tag.channel_teardown in e.tags and not xid_nodes.get(e.node):
@@ -81,7 +81,7 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     # A task's non-zero exit code says the program failed there, not why; it proves that task
     # ended the step when srun's teardown follows it in the same output (the other tasks
     # killed, the step cancelled), as --kill-on-bad-exit does.
-    teardowns = [e for e in events if Tag.bare_cancel in e.tags or "signal9" in e.tags]
+    teardowns = [e for e in events if Tag.bare_cancel in e.tags or Tag.task_killed in e.tags]
     for e in events:
         if Tag.exit_code in e.tags and e.suggests and any(
                 t.line.doc == e.line.doc and t.line.offset > e.line.offset for t in teardowns):

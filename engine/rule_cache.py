@@ -78,7 +78,8 @@ def cache_key(roots: list[Path], files: Callable[[Path], list[Path]]) -> tuple[s
     h.update(f"{__version__}\0{sys.version}\0{sys.implementation.cache_tag}\0"
              f"{os.uname().machine}\0".encode())
     h.update(_library_ids())
-    for p in sorted(ENGINE_DIR.glob("*.py")) + [ENGINE_DIR / "xid_catalog.tsv"]:
+    for p in sorted(ENGINE_DIR.glob("*.py")) + [ENGINE_DIR / "xid_catalog.tsv",
+                                                ENGINE_DIR / "xid_policy.tsv"]:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     for root in roots:
         h.update(b"root\0" + str(root).encode() + b"\0")

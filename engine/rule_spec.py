@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .models import Record
 from .public import KINDS
-from .taxonomy import Action, Blame, Category, Role, Source
+from .taxonomy import Action, Blame, Category, Fact, Role, Source
 
 
 class _Strict(BaseModel):
@@ -87,6 +87,9 @@ class Rule(_Strict):
     # whole message when the rule has no such capture.
     catalog_key: str = "msg"
     recasts: Optional[Recast] = None
+    # What a later stage reads its hits as (taxonomy.Fact: a GPU's identity, a failed probe,
+    # a rank's progress counters, ...), so no stage asks for a rule by its id.
+    fact: Optional[Fact] = None
     # Name of a capture that must be the same on every node of a job (a library or driver
     # version): where it differs, the odd node's line becomes a root of the rule's category.
     same_across_nodes: Optional[str] = None

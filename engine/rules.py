@@ -218,7 +218,10 @@ def load_rules(extra_dirs: Iterable[Path] = (), builtin: bool = True,
             if root == BUILTIN_DIR:
                 builtin_ids.add(c.rule.id)
             digest.update(c.path.encode() + b"\0" + raw + b"\0")
-    digest.update(decode.catalog_digest().encode())
+    try:
+        digest.update(decode.catalog_digest().encode())
+    except ValueError as e:          # a row of the Xid policy that does not hold
+        raise RuleError(str(e)) from None
     try:
         catalogs, cat_digest = load_catalogs(
             ([(CATALOG_DIR, "catalogs/")] if builtin else []) +

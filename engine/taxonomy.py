@@ -245,10 +245,23 @@ class Outcome(str, Enum):
     unattributed = "unattributed"
 
 
+class Fact(str, Enum):
+    """What a later stage reads a rule's hits as, beyond a cause: a closed set a rule names
+    with `fact:`, so the stages ask for the fact, never for a rule id."""
+    gpu_identity = "gpu_identity"            # a GPU's UUID or serial beside its bus address
+    probe_failed = "probe_failed"            # one of sattrib's own node probes failed
+    rank_progress = "rank_progress"          # a rank's NCCL work counters (enqueued, completed)
+    collective_timeout = "collective_timeout"   # a rank's watchdog saw a collective time out
+    desync_report = "desync_report"          # PyTorch's report of the ranks that lagged
+    flight_recorder = "flight_recorder"      # a rank's flight-recorder dump, one process group
+    peer_dead = "peer_dead"                  # NCCL RAS declared a peer dead
+    util_fell_first = "util_fell_first"      # a GPU went idle before the rest of the job's
+
+
 class Tag(str, Enum):
     """What the stages mark on an event for each other (names equal values, so a Tag compares
     and hashes like its string). Numbered labels (xid31, signal9, exit-9, ibstatus12,
-    link4, nvl5:<bucket>, points_at:<node>) stay plain strings: they only describe."""
+    link4, nvl5:<bucket>) stay plain strings: they only describe, no stage reads them."""
     teardown = "teardown"                    # printed while the job was being torn down
     device_lost = "device_lost"              # the GPU is gone from the bus
     reboot_required = "reboot_required"      # the driver's recovery action (Xid 154): reboot
@@ -259,4 +272,9 @@ class Tag(str, Enum):
     repeat_implicates_gpu = "repeat_implicates_gpu"   # Xid 13/31: repeats point at the GPU
     sympathetic = "sympathetic"              # a link error reported by the healthy end
     task_exit = "task_exit"
+    task_killed = "task_killed"              # srun reports a task killed (SIGKILL): teardown
     exit_code = "exit_code"
+    gpu_xid = "gpu_xid"                      # an Xid as the driver (or DCGM) reports it
+    failure_report = "failure_report"        # the launcher's report of a failed rank: host,
+                                             # time and exit code (torchelastic)
+    task_list = "task_list"                  # srun names the node the listed tasks ran on

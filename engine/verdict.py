@@ -7,8 +7,8 @@ from typing import Optional
 from .correlate import Links
 from .decode import Event
 from .incident import Incident
-from .taxonomy import (BLAME, INFRASTRUCTURE, TRUST, Action, Blame, Category, Role, Source, Tag,
-                       Trust, most_trusted, out_of_service)
+from .taxonomy import (BLAME, INFRASTRUCTURE, TRUST, Action, Blame, Category, Fact, Role, Source,
+                       Tag, Trust, most_trusted, out_of_service)
 
 
 def cause_trust(inc: Incident) -> Trust:
@@ -151,7 +151,7 @@ def progress_findings(events: list[Event], links: Links, job) -> tuple[list[str]
     notes: list[str] = []
     enq: dict[int, int] = {}
     for e in events:
-        if e.rule.id == "torch.progress" and e.rank is not None and "enq" in e.caps:
+        if e.rule.fact == Fact.rank_progress and e.rank is not None and "enq" in e.caps:
             enq[e.rank] = max(enq.get(e.rank, -1), int(e.caps["enq"]))
     suspects = []
     if len(enq) >= 2:
@@ -166,7 +166,7 @@ def progress_findings(events: list[Event], links: Links, job) -> tuple[list[str]
         else:
             notes.append(f"all {len(enq)} ranks that reported progress stopped at the same "
                          f"NCCL work ({top}): no rank lagged behind")
-    timed_out = {e.rank for e in events if e.rule.id == "torch.watchdog_timeout"
+    timed_out = {e.rank for e in events if e.rule.fact == Fact.collective_timeout
                  and e.rank is not None}
     world = job.num_tasks or max((int(e.caps["nranks"]) for e in events
                                   if e.caps.get("nranks", "").isdigit()), default=0)

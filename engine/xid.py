@@ -1,8 +1,10 @@
 """The Xid catalog as data (xid_catalog.tsv) and what it says about one Xid line.
 
 `classify(code, body)` returns the category, role and action NVIDIA's catalog implies for an
-Xid, including the register decode of Xid 74, the NVLink5 decode table of Xid 144-150 and the
-recovery action carried by Xid 154. Pure: the catalog text is read once from the package.
+Xid. Where the catalog's columns alone do not say it, a row of xid_policy.tsv does, and names
+the decode that reads the line's own fields (Xid 74's registers, the NVLink5 decode table of
+Xid 144-150, the recovery action Xid 154 carries, the earlier Xid an Xid 45 names). Pure: the
+tables are read once from the package.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Optional
 from .taxonomy import Action, Category, Role, Tag
 
 CATALOG_PATH = Path(__file__).parent / "xid_catalog.tsv"
+POLICY_PATH = Path(__file__).parent / "xid_policy.tsv"
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,21 @@ class Nvl5Row:
     hw_sw: str
 
 
+@dataclass(frozen=True)
+class Policy:
+    """A row of xid_policy.tsv: how one line of the code is read, where its catalog row's
+    columns alone do not say it."""
+    category: Category
+    role: Role
+    action: Action
+    weak: bool
+    tag: Optional[Tag]
+    decode: Optional[str]
+
+
 @dataclass
 class XidVerdict:
+    code: int                        # the Xid the line reports (an Xid 45 names an earlier one)
     category: Category
     role: Role
     weak: bool = False               # hardware only "maybe": ranks with program-level causes
@@ -61,8 +77,15 @@ def _catalog_text() -> str:
     return CATALOG_PATH.read_text(encoding="utf-8")
 
 
+@lru_cache(maxsize=1)
+def _policy_text() -> str:
+    return POLICY_PATH.read_text(encoding="utf-8")
+
+
 def catalog_digest() -> str:
-    return hashlib.sha256(_catalog_text().encode()).hexdigest()
+    """The tables' digest, part of the rules version; reading the policy checks it."""
+    policy()
+    return hashlib.sha256(_catalog_text().encode() + b"\0" + _policy_text().encode()).hexdigest()
 
 
 @lru_cache(maxsize=1)
@@ -102,6 +125,7 @@ _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _X74 = re.compile(r"NVLink: fatal error detected on link (\d+)\(([^)]*)\)")
 _NVL5 = re.compile(r"^(?P<unit>[A-Z0-9_]+(?:/[A-Z0-9_]+)?)\s+(?P<sev>Nonfatal|Fatal)\s+(?P<xc>XC\s?[01])"
                    r"\s+(?P<inj>i\s?\d+)\s+Link\s+(?P<link>-?\d+)\s+\((?P<regs>[^)]*)\)")
+_CAUSED_BY = re.compile(r"\bcaused by previous Xid (\d+)")
 _X154 = re.compile(r"recovery action changed from (0x[0-9a-fA-F]+)[^)]*\)? to (0x[0-9a-fA-F]+)")
 
 # Hardware buckets: the catalog says the device needs a reset / reboot / vendor.
@@ -113,10 +137,10 @@ def _bits(v: int) -> set[int]:
     return {i for i in range(32) if v >> i & 1}
 
 
-def _decode_74(body: str, v: XidVerdict) -> None:
+def _decode_74(info: XidInfo, body: str, v: XidVerdict) -> XidVerdict:
     m = _X74.search(body)
     if not m:
-        return
+        return v
     regs = [int(x, 16) for x in _HEX.findall(m.group(2))] + [0] * 7
     r1, r3, r4, r5 = _bits(regs[0]), _bits(regs[2]), _bits(regs[3]), _bits(regs[4])
     v.tags.add(f"link{m.group(1)}")
@@ -131,13 +155,14 @@ def _decode_74(body: str, v: XidVerdict) -> None:
         v.detail = "possible hardware fault on the link: reseat/check, run diagnostics"
     elif r1 & {21, 22}:
         v.detail = "marginal channel signal integrity"
+    return v
 
 
-def _decode_nvl5(code: int, body: str, v: XidVerdict) -> None:
+def _decode_nvl5(info: XidInfo, body: str, v: XidVerdict) -> XidVerdict:
     m = _NVL5.search(body)
     if not m:
-        v.weak = code not in (144, 146)
-        return
+        v.weak = info.hw != "yes"       # undecoded: only the catalog's word on the hardware
+        return v
     regs = [int(x, 16) for x in _HEX.findall(m.group("regs"))]
     intr = regs[0] if regs else 0
     status = regs[1] if len(regs) > 1 else 0
@@ -149,7 +174,7 @@ def _decode_nvl5(code: int, body: str, v: XidVerdict) -> None:
     reason = (intr >> 20) & 0x3F
     v.tags.add(f"link{int(m.group('link'))}")
     best = None
-    rows = [r for r in catalog()[1] if r.xid == code]
+    rows = [r for r in catalog()[1] if r.xid == info.code]
     named = [r for r in rows if units & set(r.units)]
     rows = named or [r for r in rows if r.low_v1[-10:] == low10 or r.low_v2[-7:] == low7]
     for row in rows:
@@ -164,7 +189,7 @@ def _decode_nvl5(code: int, body: str, v: XidVerdict) -> None:
         v.detail = f"{unit} {sev}"
         v.role = Role.root if sev == "Fatal" else Role.context
         v.weak = sev != "Fatal"
-        return
+        return v
     what = f"{unit} {best.severity}"
     if best.reason is not None:
         what += f", link-down reason {reason}"
@@ -183,15 +208,78 @@ def _decode_nvl5(code: int, body: str, v: XidVerdict) -> None:
         v.action = Action.reset_gpu if best.immediate == "RESET_GPU" else Action.inspect_nvlink
         if "SW" in best.hw_sw and "HW" not in best.hw_sw:
             v.weak = True
+    return v
+
+
+def _decode_154(info: XidInfo, body: str, v: XidVerdict) -> XidVerdict:
+    m = _X154.search(body)
+    if m:
+        v.recovery = int(m.group(2), 16)
+        v.action = RECOVERY_ACTION.get(v.recovery, Action.none)
+        if v.action == Action.reboot_node:
+            v.tags.add(Tag.reboot_required)
+        v.detail = f"recovery action now {RECOVERY.get(v.recovery, m.group(2))}"
+    return v
+
+
+def _follows(info: XidInfo, body: str, v: XidVerdict) -> XidVerdict:
+    """The driver tore the channel down after an earlier Xid it names: the line is the
+    driver's own word that that Xid happened on this GPU, even where its line is gone."""
+    m = _CAUSED_BY.search(body)
+    if not m:
+        return v
+    first = int(m.group(1))
+    w = classify(first, "")
+    w.detail = f"Xid {info.code} after Xid {first} ({meaning(first)})"
+    return w
+
+
+# The decodes a policy row may name: each reads the line's own fields into the verdict.
+DECODES = {"nvlink74": _decode_74, "nvlink5": _decode_nvl5, "recovery": _decode_154,
+           "follows": _follows}
+
+
+@lru_cache(maxsize=1)
+def policy() -> dict[int, Policy]:
+    """xid_policy.tsv, checked: a code the catalog lacks, a value outside its vocabulary or a
+    repeated code is refused with its line number."""
+    out: dict[int, Policy] = {}
+    head = None
+    for n, raw in enumerate(_policy_text().splitlines(), 1):
+        if raw.startswith("#") or not raw.strip():
+            continue
+        f = raw.split("\t")
+        if head is None:
+            head = f
+            continue
+        try:
+            out.update(_policy_row(f, out))
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"{POLICY_PATH.name}:{n}: {e}") from None
+    return out
+
+
+def _policy_row(f: list[str], seen: dict) -> dict[int, Policy]:
+    if len(f) != 8:
+        raise ValueError(f"expected 8 tab-separated columns, got {len(f)}")
+    code = int(f[0])
+    if code not in catalog()[0] or code in seen:
+        raise ValueError(f"Xid {code} is {'repeated' if code in seen else 'not in the catalog'}")
+    if f[4] not in ("yes", "no"):
+        raise ValueError(f"weak is yes or no, not {f[4]!r}")
+    if f[6] != "-" and f[6] not in DECODES:
+        raise ValueError(f"unknown decode {f[6]!r} (known: {', '.join(sorted(DECODES))})")
+    return {code: Policy(Category(f[1]), Role(f[2]), Action(f[3]), f[4] == "yes",
+                         None if f[5] == "-" else Tag(f[5]), None if f[6] == "-" else f[6])}
 
 
 def classify(code: int, body: str) -> XidVerdict:
     infos = catalog()[0]
     info = infos.get(code)
     if info is None:
-        return XidVerdict(Category.gpu_hardware, Role.context, weak=True,
+        return XidVerdict(code, Category.gpu_hardware, Role.context, weak=True,
                           detail=f"Xid {code} is not in the catalog")
-    v = XidVerdict(Category.gpu_hardware, Role.root, detail=info.meaning)
+    v = XidVerdict(code, Category.gpu_hardware, Role.root, detail=info.meaning)
     comp, hw = info.component, info.hw
     if info.immediate == "RESTART_APP":
         # NVIDIA's immediate action is to restart the application: the GPU stays in service.
@@ -200,28 +288,20 @@ def classify(code: int, body: str) -> XidVerdict:
         # NVIDIA's workflow: the same fault repeating on one GPU for unrelated programs is the
         # GPU; spread over GPUs or from one program it is the program.
         v.tags.add(Tag.repeat_implicates_gpu)
-    if code == 154:
-        v.category, v.role = Category.gpu_hardware, Role.confirmation
-        m = _X154.search(body)
-        if m:
-            v.recovery = int(m.group(2), 16)
-            v.action = RECOVERY_ACTION.get(v.recovery, Action.none)
-            if v.action == Action.reboot_node:
-                v.tags.add(Tag.reboot_required)
-            v.detail = f"recovery action now {RECOVERY.get(v.recovery, m.group(2))}"
-        return v
-    if code == 45:
-        v.category, v.role = Category.application_error, Role.symptom
-        v.tags.add(Tag.channel_teardown)
-        return v
     if not info.current:
         v.role, v.weak = Role.context, True
         v.detail = f"legacy Xid {code} ({info.meaning})"
         return v
+    row = policy().get(code)
+    if row is not None:
+        v.category, v.role, v.action, v.weak = row.category, row.role, row.action, row.weak
+        if row.tag is not None:
+            v.tags.add(row.tag)
+        return DECODES[row.decode](info, body, v) if row.decode else v
     if comp == "gpu_memory":
         v.category = Category.gpu_memory_ecc
-        if info.immediate == "IGNORE" or code in (171, 172):
-            v.role = Role.confirmation if code != 92 else Role.context
+        if info.immediate == "IGNORE":
+            v.role = Role.confirmation
         v.action = Action.reset_gpu
         return v
     if comp == "application":
@@ -234,22 +314,11 @@ def classify(code: int, body: str) -> XidVerdict:
         return v
     if comp == "nvlink":
         v.category = Category.nvlink
-        if code == 74:
-            v.action = Action.inspect_nvlink
-            _decode_74(body, v)
-        elif 144 <= code <= 150:
-            _decode_nvl5(code, body, v)
-        elif code == 137:
-            v.category, v.weak, v.action = Category.application_error, True, Action.fix_application
-        elif hw == "no":
+        if hw == "no":
             v.role = Role.context
         return v
     if comp == "pcie_bus":
-        if code in (79, 167):
-            v.tags.add(Tag.device_lost)
-            v.action = Action.reboot_node
-        else:
-            v.category, v.weak = Category.pcie, True
+        v.category, v.weak = Category.pcie, True
         return v
     if comp == "thermal_power":
         v.category = Category.thermal_power

@@ -1,4 +1,7 @@
 """Every rule file: schema, id matches path, unique ids, its own examples; the loader's errors."""
+import re
+from pathlib import Path
+
 import pytest
 
 from sattrib.engine.matcher import PatternError, check_linear, required_literals
@@ -176,3 +179,44 @@ def test_each_message_shape_is_searched_once_and_gives_each_line_its_own_groups(
            for code in (79, 31, 79)]
     assert got == [{"xid79"}, set(), {"xid79"}]
     assert searched == {"timeout": 1, "xid79": 3}
+
+
+ENGINE_DIR = Path(__file__).parent.parent / "engine"
+
+
+@pytest.mark.parametrize("what,pattern", [
+    ("an Xid number", r"\bcode\s*(?:==|!=|in|not in|<=|>=|<|>)\s*[(\d]|\d\s*<=\s*code\b"),
+    ("a decoder name", r"\.decode\s*(?:==|!=|in|not in)\s*[\"'(]"),
+    ("a rule id", r"\.id\s*(?:==|!=|in|not in)\s*[\"'(]|\bRULE\s*="),
+    ("a string tag", r"[\"'][\w:-]+[\"']\s+(?:not )?in\s+\w+\.tags|\.startswith\([\"'][a-z_]+:"),
+])
+def test_the_engine_keys_on_no(what, pattern):
+    """What a line means is data on its rule or catalog row (a decoder's typed tag, a row of
+    engine/xid_policy.tsv, a rule's `fact`), never a branch on a literal in engine code."""
+    hits = [f"{p.name}:{n}: {line.strip()}" for p in sorted(ENGINE_DIR.glob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(pattern, line)]
+    assert not hits, f"engine code keys on {what}:\n" + "\n".join(hits)
+
+
+def test_a_rule_names_a_fact_from_the_closed_set(tmp_path):
+    """A stage asks for a fact (`fact: rank_progress`), not for a rule id: a site rule can
+    feed it, and a misspelt fact is refused at load."""
+    d = tmp_path / "rules" / "site"
+    d.mkdir(parents=True)
+    rule = ("id: site.progress\ntitle: our launcher's progress line\nrole: context\n"
+            "source: stderr\nfact: {fact}\npattern: 'step=(?P<enq>\\d+)'\nexplain: progress\n"
+            "examples:\n  match:\n    - line: 'step=4'\n")
+    (d / "progress.yaml").write_text(rule.format(fact="rank_progress"))
+    rs = load_rules([tmp_path / "rules"], builtin=False, cache=False)
+    assert rs.by_id["site.progress"].rule.fact == "rank_progress"
+    (d / "progress.yaml").write_text(rule.format(fact="rank_progres"))
+    with pytest.raises(RuleError, match="site/progress.yaml: fact: "):
+        load_rules([tmp_path / "rules"], builtin=False, cache=False)
+
+
+@pytest.mark.parametrize("fact", ["gpu_identity", "probe_failed", "rank_progress",
+                                  "collective_timeout", "desync_report", "flight_recorder",
+                                  "peer_dead", "util_fell_first"])
+def test_every_fact_is_named_by_a_builtin_rule(fact):
+    assert any(c.rule.fact == fact for c in load_rules().rules)

@@ -144,3 +144,54 @@ def test_the_drivers_recovery_action_decides_reboot_or_reset(tmp_path, rules):
         d, _ = analyze_folder(folder(tmp_path / name, {"n1/journal.log": gsp + then.format(
             action)}), rules=rules)
         assert (d.root_cause.category.value, d.action_code.value) == ("gpu_hardware", code)
+
+
+@pytest.fixture
+def policy_file(monkeypatch, tmp_path):
+    """Read the Xid policy from a given text instead of the package's table."""
+    def use(text):
+        path = tmp_path / "xid_policy.tsv"
+        path.write_text(text)
+        monkeypatch.setattr(xid, "POLICY_PATH", path)
+        xid._policy_text.cache_clear()
+        xid.policy.cache_clear()
+    yield use
+    xid._policy_text.cache_clear()
+    xid.policy.cache_clear()
+
+
+HEAD = "xid\tcategory\trole\taction\tweak\ttag\tdecode\tnote\n"
+
+
+@pytest.mark.parametrize("row,needle", [
+    ("79\tgpu_hardwre\troot\treboot_node\tno\tdevice_lost\t-\tx", "gpu_hardwre"),
+    ("79\tgpu_hardware\troot\treboot_nod\tno\tdevice_lost\t-\tx", "reboot_nod"),
+    ("79\tgpu_hardware\troot\treboot_node\tno\tdevice_gone\t-\tx", "device_gone"),
+    ("74\tnvlink\troot\tinspect_nvlink\tno\t-\tnvlink47\tx", "unknown decode 'nvlink47'"),
+    ("74\tnvlink\troot\tinspect_nvlink\tmaybe\t-\tnvlink74\tx", "weak is yes or no"),
+    ("999\tnvlink\troot\tinspect_nvlink\tno\t-\tnvlink74\tx", "Xid 999 is not in the catalog"),
+    ("79\tgpu_hardware\troot\treboot_node\tno\tdevice_lost\t-", "8 tab-separated columns"),
+])
+def test_a_typo_in_the_xid_policy_is_refused_when_the_rules_load(policy_file, row, needle):
+    from sattrib.engine.rules import RuleError, load_rules
+    policy_file("# comment\n" + HEAD + "45\tapplication_error\tsymptom\tnone\tno\t"
+                "channel_teardown\tfollows\tx\n" + row + "\n")
+    with pytest.raises(RuleError, match="xid_policy.tsv:4: .*" + needle.replace("(", r"\(")):
+        load_rules(cache=False)
+
+
+def test_a_repeated_code_in_the_xid_policy_is_refused(policy_file):
+    row = "79\tgpu_hardware\troot\treboot_node\tno\tdevice_lost\t-\tx\n"
+    policy_file(HEAD + row + row)
+    with pytest.raises(ValueError, match="xid_policy.tsv:3: Xid 79 is repeated"):
+        xid.policy()
+
+
+def test_the_policy_row_decides_how_an_xid_is_read(policy_file):
+    """The engine reads the row, not the code: 79 read as a lost device, then as a plain
+    PCIe fault once its row is gone."""
+    assert xid.classify(79, "").action.value == "reboot_node"
+    assert "device_lost" in xid.classify(79, "").tags
+    policy_file(HEAD)
+    v = xid.classify(79, "")
+    assert (v.category, v.weak, v.tags) == (Category.pcie, True, set())
