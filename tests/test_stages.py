@@ -5,7 +5,7 @@ from sattrib.engine.decode import Event
 from sattrib.engine.incident import precedes
 from sattrib.engine.models import Bundle, JobInfo, Line
 from sattrib.engine.refine import build_incidents, select
-from sattrib.engine.taxonomy import Category, Role, Source
+from sattrib.engine.taxonomy import Category, Role, Source, Tag
 from sattrib.engine.window import _last_burst
 
 
@@ -26,7 +26,8 @@ def ev(rules, rule_id, *, cat=None, role=Role.root, source=Source.stderr, node=N
 
 
 def test_srun_task_lines_place_ranks_on_nodes(rules):
-    a = ev(rules, "slurm.task_exit", role=Role.symptom, caps={"node": "n2", "tasks": "8-9"})
+    a = ev(rules, "slurm.task_exit", role=Role.symptom, caps={"node": "n2", "tasks": "8-9"},
+           tags=(Tag.task_list,))                     # as the srun_exit decoder marks it
     b = ev(rules, "python.exception", cat=Category.application_error, rank=9, offset=10)
     links = correlate([a, b], Bundle("x", JobInfo(nodes=["n1", "n2"])))
     assert links.rank_node[8] == links.rank_node[9] == "n2"
