@@ -215,14 +215,21 @@ def test_a_job_that_ends_while_one_worker_runs_starts_the_second(tmp_path):
     cfg.write_text(f'database = "{tmp_path / "var" / "d.db"}"\nlog_dir = "{tmp_path}"\n')
     (tmp_path / "var").mkdir()
     out = tmp_path / "ran.txt"
-    first = subprocess.run([sys.executable, "-c", HOOK.replace("0.5", "3")],
+    # The first job's diagnosis lasts until the second's has begun (30 s at most): with one
+    # worker only, the second begins after the first ends, however loaded the machine is.
+    started = tmp_path / "second-started"
+    waits = HOOK.replace("time.sleep(0.5)",
+                         f"open({str(started)!r}, 'a').close() if env['SLURM_JOB_ID'] == '2' else "
+                         f"[time.sleep(0.05) for _ in range(600) if not os.path.exists("
+                         f"{str(started)!r})]")
+    first = subprocess.run([sys.executable, "-c", waits],
                            env=_hook_env(tmp_path, 1, cfg), cwd="/", timeout=30)
     q = Queue(queue_dir(str(tmp_path / "var" / "d.db")))
     deadline = time.monotonic() + 20
     while not os.listdir(q.root / "claimed"):          # the first job is being diagnosed
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    second = subprocess.run([sys.executable, "-c", HOOK.replace("0.5", "3")],
+    second = subprocess.run([sys.executable, "-c", waits],
                             env=_hook_env(tmp_path, 2, cfg), cwd="/", timeout=30)
     assert first.returncode == second.returncode == 0
     while len(out.read_text().splitlines() if out.exists() else []) < 2:
