@@ -30,6 +30,12 @@ MUNGE_TIMEOUT_S = 5.0
 OWNER_HEADER = "X-Sattrib-Munge"
 
 
+def munge_payload(did: str) -> str:
+    """What a credential says it is for: one diagnosis (`cluster/job/run`); the dashboard
+    checks the same words (datasette/sattrib_dashboard/owner.py)."""
+    return f"sattrib diagnosis {did}"
+
+
 class Dashboard:
     def __init__(self, url: str, timeout_s: float, ca_file: str = "", munge_socket: str = ""):
         self.url = url
@@ -43,7 +49,7 @@ class Dashboard:
         """A MUNGE credential of this user for one diagnosis (`cluster/job/run`), or None with
         the reason kept in no_munge."""
         import subprocess
-        argv = ["munge", "--string", f"sattrib diagnosis {did}"]
+        argv = ["munge", "--string", munge_payload(did)]
         if self.munge_socket:
             argv += ["--socket", self.munge_socket]
         try:

@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 
+from sattrib.remote import munge_payload
 from sattrib.serve import MUNGE_ENV, OWNER_ENV      # how `sattrib serve` hands them over
 
 HEADER = "x-sattrib-munge"          # the credential, as `munge` prints it
@@ -18,11 +19,6 @@ MAX_CREDENTIAL = 4096
 UNMUNGE_TIMEOUT_S = 5.0
 UID = re.compile(rb"^UID:\s+\S*\s*\((\d+)\)\s*$", re.M)
 STATUS_OK = re.compile(rb"^STATUS:\s+Success \(0\)\s*$", re.M)
-
-
-def payload(did: str) -> str:
-    """What the CLI signs for one diagnosis (`cluster/job/run`), and what is checked here."""
-    return f"sattrib diagnosis {did}"
 
 
 async def proven_uid(request, did: str):
@@ -50,7 +46,7 @@ async def proven_uid(request, did: str):
     m = UID.search(head)
     if proc.returncode != 0 or not STATUS_OK.search(head) or not m:
         return None
-    if body.rstrip(b"\n") != payload(did).encode():
+    if body.rstrip(b"\n") != munge_payload(did).encode():
         return None
     return int(m.group(1))
 
