@@ -12,7 +12,7 @@ from . import public
 from .decode import Event, normalize_pci
 from .incident import TRUSTED
 from .models import Bundle
-from .taxonomy import FAMILY, Action, Category, Fact, Role, Source, Tag
+from .taxonomy import FAMILY, PROGRAM_FAMILIES, RANK_GPU, Action, Category, Fact, Role, Source, Tag
 
 
 @dataclass
@@ -124,7 +124,7 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
     # Apply: fill node, GPU and time bounds that a single line could not know.
     for ev in events:
         if ev.node is None and ev.rank is None and ev.line.doc in lone and \
-                ev.source == Source.stderr and FAMILY.get(ev.category) == "workload":
+                ev.source == Source.stderr and FAMILY.get(ev.category) in PROGRAM_FAMILIES:
             # One job-level stream without rank prefixes, and srun says one task failed: the
             # program's own errors in it came from that task.
             ev.node, ev.rank = lone[ev.line.doc]
@@ -133,16 +133,14 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
             n = n or _resolve_host(ev.caps.get("node"), nodes) or \
                 _resolve_host(ev.caps.get("nccl_host"), nodes)
             if n is None and _PLAIN_HOST.match(ev.caps.get("node") or "") and (
-                    ev.source == Source.scheduler or FAMILY.get(ev.category) == "workload"):
+                    ev.source == Source.scheduler or FAMILY.get(ev.category) in PROGRAM_FAMILIES):
                 # Slurm itself names the node. In job output the line could be the user's own
                 # text, which is believed only where it cannot take a node out of service.
                 n = ev.caps["node"]
             if n is None and ev.rank is not None:
                 n = L.rank_node.get(ev.rank)
             ev.node = n
-        if ev.gpu is None and ev.source == Source.stderr and ev.category in (
-                Category.cuda_oom, Category.gpu_hardware, Category.gpu_memory_ecc,
-                Category.nvlink):
+        if ev.gpu is None and ev.source == Source.stderr and ev.category in RANK_GPU:
             if ev.caps.get("gpu_index", "").isdigit() and ev.node:
                 ev.gpu = L.node_gpu_index.get((ev.node, int(ev.caps["gpu_index"])))
             if ev.gpu is None and ev.rank is not None:

@@ -297,13 +297,6 @@ def device_lost(ev: Event, tc: TimeContext) -> None:
 
 
 @decoder
-def disk_full(ev: Event, tc: TimeContext) -> None:
-    """ENOSPC on /dev/shm is shared memory running out (host_oom), not a filesystem."""
-    if (ev.caps.get("path") or "").startswith("/dev/shm"):
-        ev.category, ev.role = Category.host_oom, Role.confirmation
-
-
-@decoder
 def dataloader_worker(ev: Event, tc: TimeContext) -> None:
     """A DataLoader worker killed by SIGKILL is most often the OOM killer at work, and one killed
     by SIGBUS ran out of /dev/shm: host memory, but only when nothing else in the job is a cause

@@ -6,6 +6,8 @@ Stages, top to bottom:
                source the rule trusts, apply the rule's decoder
     filter     drop events outside the job's time window and duplicates
     correlate  rank <-> node <-> GPU, peers named in errors, a rank's exit time
+    relate     one event changes what another means (relations.RELATIONS: an Xid 45 alone is
+               context, a cancel record decides a bare banner, ...)
     refine     group root events into incidents per node; hardware/infrastructure incidents
                absorb the program-side errors they explain; teardown after a scheduler
                terminator is noise
@@ -24,16 +26,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
+from . import relations
 from .assemble import assemble
 from .correlate import correlate, recast, repeats_across_processes, version_skew
 from .extract import extract
-from .incident import Incident, earliest, precedes, proven
+from .incident import Incident, earliest, proven
 from .lineparse import TimeContext
 from .localize import localize, report
 from .models import Bundle, Diagnosis
 from .refine import build_incidents, select
 from .rules import RuleSet
-from .taxonomy import FAMILY, TERMINATORS, Category, Outcome, Role, Source, Tag
+from .taxonomy import FAMILY, TERMINATORS, Outcome, Role, Source, Tag
 from .verdict import progress_findings
 from .window import filter_events
 
@@ -63,43 +66,9 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
     recast(events)
     version_skew(events)
 
-    # Xid 45 (channel teardown) is the driver cleaning up after a process ended: beside another
-    # Xid on the node it follows that one (a symptom); alone it is context, never a root (every
-    # killed CUDA program leaves one).
-    xid_nodes = Counter(e.node for e in events if Tag.gpu_xid in e.tags
-                        and Tag.channel_teardown not in e.tags)
-    for e in events:
-        if Tag.channel_teardown in e.tags and not xid_nodes.get(e.node):
-            e.role = Role.context
-
-    # A cancel banner without a reason is a user's cancel only when the scheduler's record says
-    # who cancelled; otherwise it is how srun or the memory enforcement ended the step.
-    if any(Tag.cancel_record in e.tags for e in events):
-        for e in events:
-            if Tag.bare_cancel in e.tags:
-                e.last_resort = e.suggests = False
-    # A task's non-zero exit code says the program failed there, not why; it proves that task
-    # ended the step when srun's teardown follows it in the same output (the other tasks
-    # killed, the step cancelled), as --kill-on-bad-exit does.
-    teardowns = [e for e in events if Tag.bare_cancel in e.tags or Tag.task_killed in e.tags]
-    for e in events:
-        if Tag.exit_code in e.tags and e.suggests and any(
-                t.line.doc == e.line.doc and t.line.offset > e.line.offset for t in teardowns):
-            e.suggests = False
-    # The network as the cause of last resort (a reset connection, no process dying anywhere)
-    # only suggests it where a rank's own fatal error (even one that names no cause alone, as
-    # CUDA's "unknown error") is not known to come after it: the crash explains the peer's reset.
-    # So does a task srun reports dead, or the scheduler's record of an OOM kill.
-    crashes = [e for e in events if Tag.teardown not in e.tags and (
-        Tag.task_exit in e.tags
-        or (e.source == Source.scheduler and e.category == Category.host_oom)
-        or (e.source == Source.stderr and e.category is not None
-            and e.role in (Role.root, Role.confirmation)
-            and FAMILY[e.category] in ("gpu", "nvlink", "workload")))]
-    for e in events:
-        if e.last_resort and e.category is not None and FAMILY[e.category] == "network" \
-                and any(not precedes(e, c, st.clock_skew) for c in crashes):
-            e.suggests = True
+    relations.apply(events, st.clock_skew)
+    # What a network error's doubters were, before the verdict marks teardown.
+    crashes = [e for e in events if relations.crash(e)]
     terminators = [e for e in events if e.role == Role.root and e.category in TERMINATORS
                    and not e.last_resort]
     terminator = earliest(terminators, st.clock_skew) if terminators else None
@@ -144,15 +113,11 @@ def diagnose(bundle: Bundle, rules: RuleSet, settings: Optional[Settings] = None
         else:
             possible, winners, outcome = winners, [], Outcome.unattributed
             # A peer's network error that a rank's own crash may explain: that crash, when it
-            # came first, is as possible a cause and named first (the rank that died of a CUDA
-            # error before its peers saw their connections fail).
-            first = possible[0].first
-            if FAMILY[possible[0].category] == "network":
-                before = [c for c in crashes if c.source == Source.stderr
-                          and c.category is not None and precedes(c, first, st.clock_skew)]
-                if before:
-                    c = earliest(before, st.clock_skew)
-                    possible.insert(0, Incident(c.node, FAMILY[c.category], [c]))
+            # came first, is as possible a cause and named first.
+            c = relations.first_doubter(FAMILY[possible[0].category], possible[0].first,
+                                        crashes, st.clock_skew)
+            if c is not None:
+                possible.insert(0, Incident(c.node, FAMILY[c.category], [c]))
 
     findings, suspects = progress_findings(events, links, job)
     located = localize(events, links, suspects, notes, job.num_tasks or 0)

@@ -9,13 +9,13 @@ from typing import Optional
 
 from .decode import Event
 from .incident import PROGRAM, TRUSTED, Incident, earliest, precedes
-from .taxonomy import FAMILY, INFRASTRUCTURE, TERMINATORS, Role, Tag
+from .taxonomy import (EXPLAINS_LAST_RESORT, FAMILY, INCIDENT_FAMILY, INFRASTRUCTURE, TERMINATORS,
+                       Role, Tag)
 
 
 def _group(family: str) -> str:
-    """A GPU's own faults and its NVLink faults are one incident: a lost GPU takes its links
-    down, and a link fault surfaces as GPU errors."""
-    return "gpu" if family == "nvlink" else family
+    """The family whose incident a fault of this family joins (taxonomy.INCIDENT_FAMILY)."""
+    return INCIDENT_FAMILY.get(family, family)
 
 
 def _joins(ev: Event, inc: Incident) -> bool:
@@ -139,11 +139,11 @@ def select(incidents: list[Incident], terminator: Optional[Event], skew: float,
         alone = [i for i in live if spread[i.category] == 1]
         demoted += [i for i in live if i not in alone]
         live = alone
-        if any(i.family == "workload" for i in live):
+        if any(i.family in EXPLAINS_LAST_RESORT for i in live):
             # A process that exited explains a peer's "remote process exited or network
             # error".
-            demoted += [i for i in live if i.family != "workload"]
-            live = [i for i in live if i.family == "workload"]
+            demoted += [i for i in live if i.family not in EXPLAINS_LAST_RESORT]
+            live = [i for i in live if i.family in EXPLAINS_LAST_RESORT]
     if terminator is not None:
         keep = []
         for inc in live:

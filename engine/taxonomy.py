@@ -40,6 +40,22 @@ FAMILY = {
     Category.scheduler_preemption: "scheduler", Category.scheduler_cancelled: "scheduler",
 }
 
+# Families whose faults on a node are one incident with another family's: a lost GPU takes its
+# links down, and a link fault surfaces as GPU errors.
+INCIDENT_FAMILY = {"nvlink": "gpu"}
+
+# Families of the program's own faults: a line of them in job output may say which node or task
+# it came from, since it cannot take a node out of service.
+PROGRAM_FAMILIES = {"workload"}
+
+# Families whose cause of last resort explains the others': a process that exited explains a
+# peer's "remote process exited or network error".
+EXPLAINS_LAST_RESORT = {"workload"}
+
+# Categories a rank's line reports of the GPU it ran on: where the line names no GPU, it is the
+# rank's (NCCL's ncclCommInitRank line maps rank to bus id).
+RANK_GPU = {Category.cuda_oom, Category.gpu_hardware, Category.gpu_memory_ecc, Category.nvlink}
+
 # Categories that end a job by decision of the scheduler rather than by a fault. Events after
 # one of these are teardown; the terminator is the cause only when no fault came before it.
 TERMINATORS = {Category.scheduler_timelimit, Category.scheduler_preemption,

@@ -199,6 +199,18 @@ def test_the_engine_keys_on_no(what, pattern):
     assert not hits, f"engine code keys on {what}:\n" + "\n".join(hits)
 
 
+def test_relations_between_kinds_of_fault_live_in_one_table():
+    """How one kind of fault changes what another means (an Xid 45 alone, a crash before a
+    peer's reset) is a row of engine/relations.py or a set in engine/taxonomy.py, never a
+    family compared by name inside a stage."""
+    family = re.compile(r"""(?:FAMILY\b.*|\bfamily\s*)(?:==|!=|\bin)\s*\(?["'](?:gpu|nvlink|"""
+                        r"""network|storage|workload|scheduler)["']""")
+    hits = [f"{p.name}:{n}: {line.strip()}" for p in sorted(ENGINE_DIR.glob("*.py"))
+            if p.name not in ("relations.py", "taxonomy.py")
+            for n, line in enumerate(p.read_text().splitlines(), 1) if family.search(line)]
+    assert not hits, "a relation inline:\n" + "\n".join(hits)
+
+
 def test_a_rule_names_a_fact_from_the_closed_set(tmp_path):
     """A stage asks for a fact (`fact: rank_progress`), not for a rule id: a site rule can
     feed it, and a misspelt fact is refused at load."""

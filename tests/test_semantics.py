@@ -270,3 +270,15 @@ def test_a_rank_that_died_first_is_named_beside_its_peers_network_errors(tmp_pat
                           "   NodeList=gpu-a[021-022]\n")}, rules)
     assert d.outcome.value == "unattributed"
     assert [c for c, _ in possible(d)] == ["gpu_hardware", "network_ib"]
+
+
+def test_enospc_on_dev_shm_is_host_memory_not_a_filesystem(tmp_path, rules):
+    # The path names the resource: /dev/shm is shared memory (a container's 64 MB default),
+    # a checkpoint directory is a filesystem.
+    line = "OSError: [Errno 28] No space left on device: '{}'\n"
+    d = run(tmp_path, {"logs/job.out": line.format("/dev/shm/torch_4432_2873_0")}, rules)
+    assert cause(d)[:2] == ("attributed", "host_oom")
+    hits = {e.rule: e.category for e in d.evidence}
+    assert hits.get("storage.disk_full") == "host_oom"
+    d = run(tmp_path / "b", {"logs/job.out": line.format("/scratch/ckpt/model.pt")}, rules)
+    assert cause(d)[:2] == ("attributed", "storage_io")

@@ -1,5 +1,6 @@
 """Unit tests of the pipeline's middle stages on hand-made events: correlate, build_incidents,
 select, the time window. The end-to-end behaviour is in test_semantics.py and the corpora."""
+from sattrib.engine import relations
 from sattrib.engine.correlate import correlate, recast, repeats_across_processes
 from sattrib.engine.decode import Event
 from sattrib.engine.incident import precedes
@@ -209,3 +210,64 @@ def test_a_version_that_differs_on_one_node_is_that_nodes_fault(rules):
             for n in ("n1", "n2")]
     version_skew(same)
     assert {e.role for e in same} == {Role.context}
+
+
+# ---------------------------------------------------------------- relations
+
+
+def test_a_channel_teardown_alone_on_its_node_is_context(rules):
+    tear = ev(rules, "gpu.xid", cat=Category.application_error, role=Role.symptom,
+              source=Source.kernel, node="n1", tags=(Tag.gpu_xid, Tag.channel_teardown))
+    other = ev(rules, "gpu.xid", cat=Category.gpu_hardware, source=Source.kernel, node="n2",
+               tags=(Tag.gpu_xid,))
+    relations.apply([tear, other], 0.0)
+    assert tear.role == Role.context                  # the other Xid is on another node
+    tear.role = Role.symptom
+    other.node = "n1"
+    relations.apply([tear, other], 0.0)
+    assert tear.role == Role.symptom
+
+
+def test_a_cancel_record_decides_a_bare_banner(rules):
+    banner = ev(rules, "slurm.cancelled", cat=Category.scheduler_cancelled, doc="o",
+                last_resort=True, tags=(Tag.bare_cancel,))
+    banner.suggests = True
+    relations.apply([banner], 0.0)
+    assert banner.last_resort and banner.suggests
+    record = ev(rules, "slurm.job_state", cat=Category.scheduler_cancelled,
+                role=Role.confirmation, source=Source.scheduler, doc="s",
+                tags=(Tag.cancel_record,))
+    relations.apply([banner, record], 0.0)
+    assert not banner.last_resort and not banner.suggests
+
+
+def test_an_exit_code_is_proven_only_by_a_teardown_after_it_in_its_file(rules):
+    code = ev(rules, "slurm.task_exit", cat=Category.application_error, doc="o", offset=50,
+              last_resort=True, tags=(Tag.task_exit, Tag.exit_code))
+    code.suggests = True
+    earlier = ev(rules, "slurm.task_exit", role=Role.symptom, doc="o", offset=10,
+                 tags=(Tag.task_exit, Tag.task_killed))
+    elsewhere = ev(rules, "slurm.task_exit", role=Role.symptom, doc="p", offset=90,
+                   tags=(Tag.task_exit, Tag.task_killed))
+    relations.apply([code, earlier, elsewhere], 0.0)
+    assert code.suggests
+    later = ev(rules, "slurm.task_exit", role=Role.symptom, doc="o", offset=90,
+               tags=(Tag.task_exit, Tag.task_killed))
+    relations.apply([code, later], 0.0)
+    assert not code.suggests
+
+
+def test_a_crash_not_after_a_network_error_of_last_resort_doubts_it(rules):
+    net = ev(rules, "nccl.socket_error", cat=Category.network_ib, node="n1", doc="a",
+             lo=100.0, hi=101.0, last_resort=True)
+    late = ev(rules, "python.exception", cat=Category.application_error, node="n2", doc="b",
+              lo=200.0, hi=201.0)
+    relations.apply([net, late], 0.0)
+    assert not net.suggests                       # the crash came after: it explains nothing
+    early = ev(rules, "python.exception", cat=Category.application_error, node="n2", doc="c",
+               lo=50.0, hi=51.0)
+    relations.apply([net, late, early], 0.0)
+    assert net.suggests
+    crashes = [e for e in (net, late, early) if relations.crash(e)]
+    assert relations.first_doubter("network", net, crashes, 0.0) is early
+    assert relations.first_doubter("workload", net, crashes, 0.0) is None
