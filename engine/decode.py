@@ -281,7 +281,9 @@ def _first_failure(ev: Event, code: str) -> None:
     except ValueError:
         return
     if n == -9:
+        # SIGKILL points at memory; only the memory record beside it proves it.
         ev.category, ev.action = Category.host_oom, Action.reduce_host_memory
+        ev.suggests = True
     elif n > 0 or -n in _CRASH_SIGNALS:
         ev.category, ev.action = Category.application_error, Action.fix_application
     else:
@@ -305,4 +307,5 @@ def dataloader_worker(ev: Event, tc: TimeContext) -> None:
     if sig in ("Killed", "Bus error"):
         ev.category, ev.role = Category.host_oom, Role.root
         ev.weak = ev.last_resort = True
+        ev.suggests = sig == "Killed"       # SIGKILL points at memory; SIGBUS is /dev/shm
         ev.action = Action.reduce_host_memory

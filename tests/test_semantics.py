@@ -219,14 +219,34 @@ Root Cause (first observed failure):
 """
 
 
-@pytest.mark.parametrize("code,want", [("-9", "host_oom"), ("-11", "application_error"),
-                                       ("1", "application_error"), ("-6", None), ("-15", None)])
+@pytest.mark.parametrize("code,want", [("-11", "application_error"), ("1", "application_error"),
+                                       ("-6", None), ("-15", None)])
 def test_torchelastic_first_failure_is_a_cause_of_last_resort(tmp_path, rules, code, want):
     d = run(tmp_path, {"logs/train.log": ELASTIC.format(code=code)}, rules)
     if want is None:
         assert d.outcome.value == "unattributed"      # the watchdog's abort, or teardown
     else:
         assert cause(d) == ("attributed", want, "node-01") and d.root_cause.rank == 3
+
+
+SACCT_OOM = ("JobID|JobName|Partition|Account|AllocCPUS|State|ExitCode\n"
+             "4242|train|gpu|research|8|OUT_OF_MEMORY|0:125\n")
+
+
+@pytest.mark.parametrize("files", [
+    {"logs/train.log": ELASTIC.format(code="-9")},
+    {"logs/job.out": "/var/spool/slurmd/job4242/slurm_script: line 31: 37987 Killed"
+                     "                  nextPolish2 -t 8 -r a.bam asm.fa\n"},
+    {"logs/job.out": "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed.\n"},
+], ids=["torchelastic", "bash", "dataloader"])
+def test_a_sigkill_points_at_memory_and_the_memory_record_proves_it(tmp_path, rules, files):
+    """SIGKILL is most often the OOM killer, but an admin, a watchdog or a launcher sends it
+    too: alone it leaves host memory possible; the scheduler's OUT_OF_MEMORY proves it."""
+    d = run(tmp_path / "alone", files, rules)
+    assert d.outcome.value == "unattributed"
+    assert [c.category.value for c in d.possible] == ["host_oom"]
+    d = run(tmp_path / "record", {**files, "slurm/sacct.txt": SACCT_OOM}, rules)
+    assert cause(d)[:2] == ("attributed", "host_oom")
 
 
 def test_torchelastic_first_failure_yields_to_the_ranks_own_error(tmp_path, rules):
@@ -282,3 +302,37 @@ def test_enospc_on_dev_shm_is_host_memory_not_a_filesystem(tmp_path, rules):
     assert hits.get("storage.disk_full") == "host_oom"
     d = run(tmp_path / "b", {"logs/job.out": line.format("/scratch/ckpt/model.pt")}, rules)
     assert cause(d)[:2] == ("attributed", "storage_io")
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: ncclCommInitRank failed: unhandled cuda error",
+    "RuntimeError: NCCL error in: ../torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system "
+    "error, NCCL version 2.7.8",
+    "cupy.cuda.nccl.NcclError: NCCL_ERROR_UNHANDLED_CUDA_ERROR: unhandled cuda error",
+])
+def test_an_nccl_result_in_older_words_is_no_program_bug(tmp_path, rules, line):
+    # Before 2.18 ncclGetErrorString said only "unhandled cuda error": which kind of call
+    # failed inside NCCL, not why. The exception carrying it is not the program's own fault.
+    d = run(tmp_path, {"logs/job.out": line + "\n"}, rules)
+    assert d.outcome.value == "unattributed" and not d.possible
+
+
+CUDA_220 = ("[rank8]:[E0611 12:40:52.534006050 ProcessGroupNCCL.cpp:1601] [PG ID 0 PG GUID "
+            "0(default_pg) Rank 8] Process group watchdog thread terminated with exception: "
+            "CUDA error: uncorrectable NVLink error detected during the execution\n")
+
+
+def test_cuda_220_in_job_output_points_at_nvlink_and_the_kernels_xid_proves_it(tmp_path, rules):
+    """CUDA's uncorrectable NVLink error names no link, every rank on the link prints it, and a
+    peer that died mid-transfer leaves it too: alone it is a candidate; the driver's NVLink Xid
+    on the node proves it."""
+    d = run(tmp_path / "alone", {"node-01/rank-8.stderr": CUDA_220}, rules)
+    assert d.outcome.value == "unattributed"
+    assert [c.category.value for c in d.possible] == ["nvlink"]
+    d = run(tmp_path / "xid", {
+        "node-01/rank-8.stderr": CUDA_220,
+        "node-01/journal.log": "2025-06-11T12:40:51.482913+00:00 node-01 kernel: NVRM: Xid "
+                               "(PCI:0000:61:00): 74, pid=3422275, name=pt_main_thread, NVLink: "
+                               "fatal error detected on link 4(0x10000, 0x0, 0x0, 0x0, 0x0, "
+                               "0x0, 0x0)\n"}, rules)
+    assert cause(d) == ("attributed", "nvlink", "node-01")
