@@ -336,3 +336,24 @@ def test_cuda_220_in_job_output_points_at_nvlink_and_the_kernels_xid_proves_it(t
                                "fatal error detected on link 4(0x10000, 0x0, 0x0, 0x0, 0x0, "
                                "0x0, 0x0)\n"}, rules)
     assert cause(d) == ("attributed", "nvlink", "node-01")
+
+
+@pytest.mark.parametrize("lines", [
+    "slurmstepd: error: container_p_join: open failed /scratch/119383/.active: No such file or "
+    "directory\nslurmstepd: error: container_g_join failed: 119383\n",
+    "slurmstepd: error: namespace_g_join(StepId=4242.0): No such file or directory\n",
+    "slurmstepd: error: _spawn_job_container: container_g_stepd_create(4242): Permission denied\n",
+])
+def test_slurm_failing_to_enter_the_jobs_container_is_the_nodes_set_up(tmp_path, rules, lines):
+    d = run(tmp_path, {"logs/job.err": lines}, rules)
+    assert cause(d) == ("attributed", "scheduler_node_failure", None)
+
+
+def test_a_c_programs_errno_and_strerror_name_the_filesystem(tmp_path, rules):
+    # IOR and mdtest: "%s failed, errno %d, %s (%s:%d)"; MPI_Abort's "node 727" is a rank.
+    d = run(tmp_path, {"logs/io500.out": (
+        'ior ERROR: open64("/lustre/io500/mdt_hard/file.mdtest.727.10410", 66, 0664) failed, '
+        "errno 28, No space left on device (aiori-POSIX.c:413)\n"
+        "Abort(-1) on node 727 (rank 727 in comm 0): application called "
+        "MPI_Abort(MPI_COMM_WORLD, -1) - process 727\n")}, rules)
+    assert cause(d) == ("attributed", "storage_io", None)
