@@ -112,3 +112,39 @@ def test_dashboard_names_the_time_basis(two_jobs):
     _, html = get(two_jobs, "/diagnoses/node_history?node=node-02")
     assert "<th>job ended (UTC)</th>" in html
 
+
+def _copies(db, n):
+    """n more failed runs, copies of job 2002 (jobs 3000, 3001, ...)."""
+    con = sqlite3.connect(db)
+    cols = [r[1] for r in con.execute("pragma table_info(diagnoses)")]
+    start = con.execute("select count(*) from diagnoses where cast(job_id as integer) >= 3000"
+                        ).fetchone()[0]
+    picked = ", ".join("'test/' || (3000 + c.i) || '/0'" if col == "id" else
+                       "cast(3000 + c.i as text)" if col == "job_id" else col for col in cols)
+    con.execute(f"with recursive c(i) as (select ? union all select i + 1 from c where i < ?) "
+                f"insert into diagnoses ({', '.join(cols)}) select {picked} "
+                f"from diagnoses, c where id = 'test/2002/0'", [start, start + n - 1])
+    con.commit()
+    con.close()
+
+
+def test_recent_failures_says_how_many_match_when_cut(tmp_path, two_jobs):
+    db = tmp_path / "diagnoses.db"
+    with sqlite3.connect(two_jobs) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)                 # with what the writer's WAL still holds
+    _, html = get(db, "/diagnoses/recent_failures")
+    assert "<h3>2 rows" in html and " shown<" not in html
+    _copies(db, 498)
+    _, html = get(db, "/diagnoses/recent_failures")
+    assert "<h3>500 rows" in html and " shown<" not in html
+    _copies(db, 1)
+    _, html = get(db, "/diagnoses/recent_failures")
+    assert '<span class="rows-matched">500 of 501 shown</span>' in html
+    _, html = get(db, "/diagnoses/recent_failures?since=" + _at(-timedelta(days=30))[:10])
+    assert '<span class="rows-matched">500 of' not in html and "<h3>500 rows" in html
+    _copies(db, 10_000 - 501)
+    _, html = get(db, "/diagnoses/recent_failures?outcome=attributed")
+    assert '<span class="rows-matched">500 of 10,000 shown</span>' in html
+    _copies(db, 1)
+    _, html = get(db, "/diagnoses/recent_failures?outcome=attributed")
+    assert '<span class="rows-matched">500 of more than 10,000 shown</span>' in html
