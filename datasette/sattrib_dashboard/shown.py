@@ -1,7 +1,9 @@
 """How many failed runs a list's filters match when its page is cut at the query's row limit:
-"500 of 1,234 shown" where Datasette would say "500 rows". The count stops at COUNT_MAX + 1
-rows ("more than 10,000"), so on a database of millions it reads no more index entries than a
-page of that many rows would, whatever the filters match."""
+"500 of 1,234 shown" where Datasette would say "500 rows". The count is the page's own query
+(same filters, same index) stopped at COUNT_MAX + 1 rows ("more than 10,000"): on a database
+of millions an unfiltered list counts no further than that, and a filter that matches few rows
+costs the count one more walk of the index, as it cost the page. It runs only when the page is
+full."""
 import re
 
 from datasette import hookimpl
