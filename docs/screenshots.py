@@ -1,5 +1,6 @@
 """The README's screenshots of the dashboard, taken in headless Chromium (Debian's chromium,
-playwright) on the demo job and the test cases, with a drain decided for two of them:
+playwright) on the demo job and the test cases, stored as if their jobs had just ended (the
+dashboard lists failures by their job's end), with a drain decided for two of them:
 
     .venv/bin/python docs/screenshots.py          # writes docs/dashboard-*.png
 
@@ -12,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from helpers import ended_now  # noqa: E402
 from sattrib.analysis import analyze_folder, load_rules  # noqa: E402
 from sattrib.demo import write_demo  # noqa: E402
 from sattrib.store import Store  # noqa: E402
@@ -28,7 +30,7 @@ def database(folder: Path) -> Path:
     cases = [write_demo(folder / "demo")] + sorted(
         p for p in (ROOT / "tests" / "cases").iterdir() if p.is_dir())
     for f in cases:
-        store.upsert(analyze_folder(f, rules=rules)[0], "test", bundle_path=str(f))
+        store.upsert(ended_now(analyze_folder(f, rules=rules)[0]), "test", bundle_path=str(f))
     store.sync_rules(rules)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     reason = 'Reason="sattrib:7001 gpu_hardware"'

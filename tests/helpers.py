@@ -3,11 +3,19 @@ across test folders)."""
 import json
 import threading
 import time
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "cases"
+
+
+def ended_now(d, now: datetime | None = None):
+    """Diagnosis d as if its job had just ended (at `now`): the recorded cases and the demo
+    ended months ago, and the dashboard lists, windows and counts failures by their job's end."""
+    at = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return d.model_copy(update={"job": d.job.model_copy(update={"end": at})})
 
 
 def folder(root: Path, files: dict) -> Path:

@@ -7,12 +7,13 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import CASES, ROOT
+from helpers import CASES, ROOT, ended_now
 from sattrib.analysis import analyze_folder, load_rules
 from sattrib.config import Settings
 from sattrib.demo import write_demo
@@ -31,9 +32,10 @@ def db(tmp_path_factory):
     rules = load_rules()
     store = Store(path)
     folders = [write_demo(d / "demo")] + sorted(p for p in CASES.iterdir() if p.is_dir())
+    now = datetime.now(timezone.utc)
     for f in folders:
         diag, _ = analyze_folder(f, rules=rules)
-        store.upsert(diag, "test", bundle_path=str(f))
+        store.upsert(ended_now(diag, now), "test", bundle_path=str(f))
     store.sync_rules(rules)
     return path
 
@@ -232,7 +234,7 @@ def test_browser(db, tmp_path):
         page.goto(base + "/diagnoses/recent_failures")
         assert "Recent failures" in page.title() + page.inner_text("h1")
         headers = page.locator("table.rows-and-columns th").all_inner_texts()
-        assert headers[0] == "Failed at (UTC)" and "Action" in headers and "Culprit node" in headers
+        assert headers[0] == "Job ended (UTC)" and "Action" in headers and "Culprit node" in headers
         # On a laptop screen: nothing runs off to the right (the action and the time are
         # visible) and more than four rows fit under the filters.
         assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
@@ -336,9 +338,10 @@ def _client(db, requests):
 
 
 def _add(con, did, created_at, **cols):
+    """A run without a recorded end: it counts from its diagnosis time (store.m013_ended_at)."""
     cluster, job, restart = did.split("/")
     row = dict(id=did, cluster=cluster, job_id=job, restart=int(restart), created_at=created_at,
-               updated_at=created_at, nodes="[]", **cols)
+               updated_at=created_at, ended_at=created_at, nodes="[]", **cols)
     con.execute(f"insert into diagnoses ({', '.join(row)}) values "
                 f"({', '.join('?' * len(row))})", list(row.values()))
 
@@ -355,6 +358,7 @@ def busy_db(db, tmp_path_factory):
     _add(con, "test/9001/0", "2000-01-01T00:00:00Z", outcome="unattributed")
     con.execute("update diagnoses set created_at = strftime('%Y-%m-%dT%H:%M:%SZ', 'now', "
                 "'-3 days') where id = 'test/9001/0'")
+    con.execute("update diagnoses set ended_at = created_at where id = 'test/9001/0'")
     _add(con, "test/9002/0", "2999-01-01T00:00:00Z", outcome="attributed",
          category="application_error", family="workload", culprit_node="gn02",
          action_code="fix_application", blame="workload", trust="job_output", machine_fault=0,
@@ -408,13 +412,16 @@ def test_an_empty_database_says_so_and_what_to_check(tmp_path):
 def test_recent_failures_reads_as_a_table_for_people(db):
     rc, html = get(db, "/diagnoses/recent_failures")
     assert rc == 0
-    for label in ("Failed at (UTC)", ">Job<", ">Culprit node<", ">Action<", "Diagnosed (UTC)"):
+    for label in ("Job ended (UTC)", ">Job<", ">Culprit node<", ">Action<", "Diagnosed (UTC)"):
         assert label in html, label
     assert ">culprit_node<" not in html and ">cluster<" not in html
-    assert '<time datetime="2026-11-02T10:24:12Z">2026-11-02 10:24</time>' in html
+    import sqlite3
+    with sqlite3.connect(db) as con:
+        (end,) = con.execute("select ended_at from diagnoses where job_id = '1001'").fetchone()
+    assert f'<time datetime="{end}">{end[:10]} {end[11:16]}</time>' in html
     assert 'id="sql-query"' not in html                  # the SQL is one click away
     rows = json.loads(get(db, "/diagnoses/recent_failures.json?_shape=array")[1])
-    assert rows[0].keys() >= {"failed_at", "job_id", "cluster", "restart", "action"}
+    assert rows[0].keys() >= {"ended_at", "job_id", "cluster", "restart", "action"}
 
 
 def _jobs(db, page, **params):
@@ -440,7 +447,7 @@ def test_filters_empty_means_all(db):
         assert [r["job_id"] for r in _jobs(db, "recent_failures", node="node-03")] == ["1001"]
         assert _jobs(db, "recent_failures", since="2999-01-01") == []
         assert _jobs(db, "recent_failures", until="2000-01-01") == []
-        today = con.execute("select substr(max(created_at), 1, 10) from diagnoses").fetchone()[0]
+        today = con.execute("select substr(max(ended_at), 1, 10) from diagnoses").fetchone()[0]
         assert len(_jobs(db, "recent_failures", since=today, until=today)) == len(every)
         assert [r["node"] for r in _jobs(db, "node_hotspots", partition="debug")] == ["r1n1"]
         assert [r["node"] for r in _jobs(db, "node_hotspots", node="gn02")] == ["gn02"]

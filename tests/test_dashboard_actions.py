@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from helpers import ended_now
 from sattrib.actions import act, resume
 from sattrib.store import open_store
 
@@ -50,10 +51,10 @@ def test_the_drain_list_is_a_to_do_list(tmp_path, slurm):
     st = settings(tmp_path)
     db = open_store(st.database)
     for j in ("101", "102", "103"):                  # gn02 three times: a repeat offender
-        d = diagnose("xid79_srun_combined_log", j)
+        d = ended_now(diagnose("xid79_srun_combined_log", j))
         act(db, db.upsert(d, "c1"), d, st)
     slurm.node("hx2", "NodeName=hx2 State=IDLE+DRAIN Partitions=gpu Reason=fan [adm@2026-12-01]")
-    d = diagnose("xid48_ecc_nvidia_smi_xml", "201")
+    d = ended_now(diagnose("xid48_ecc_nvidia_smi_xml", "201"))
     act(db, db.upsert(d, "c1"), d, st)
     con = sqlite3.connect(st.database)
     for i in range(25):                              # diagnosed by hand: nothing was done

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -44,7 +45,8 @@ def db(tmp_path_factory):
     path = d / "diagnoses.db"
     rules = load_rules()
     store = Store(path)
-    diag, _ = analyze_folder(write_demo(d / "demo"), rules=rules)
+    # the demo job ends now, as `sattrib demo`'s does: in the home page's 7 days
+    diag, _ = analyze_folder(write_demo(d / "demo", end=datetime.now(timezone.utc)), rules=rules)
     store.upsert(diag, "test", bundle_path=str(d / "demo"))
     store.sync_rules(rules)
     _incident_of(path, ["test/1001/0"])
@@ -280,8 +282,8 @@ def test_served_by_a_user_who_may_only_read_the_database(db):
         assert [r["job_id"] for r in get(q)] == ["1001"]
         writer = sqlite3.connect(copy)                     # a worker writing right now
         writer.execute("insert into diagnoses (id, cluster, job_id, restart, outcome, "
-                       "created_at) values ('test/1002/0', 'test', '1002', 0, 'unattributed', "
-                       "'2099-01-01T00:00:00Z')")
+                       "created_at, ended_at) values ('test/1002/0', 'test', '1002', 0, "
+                       "'unattributed', '2099-01-01T00:00:00Z', '2099-01-01T00:00:00Z')")
         writer.commit()
         assert stat.S_IMODE(os.stat(f"{copy}-shm").st_mode) == 0o644
         assert [r["job_id"] for r in get(q)] == ["1002", "1001"]

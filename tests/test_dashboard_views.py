@@ -90,6 +90,9 @@ def db(tmp_path_factory):
                      ("1002", "-1 minute")):
         con.execute("update diagnoses set created_at = strftime('%Y-%m-%dT%H:%M:%SZ', 'now', ?)"
                     " where job_id = ?", [ago, job])
+        # each job ended when it was diagnosed: the dashboard lists a failure by its end
+        con.execute("update diagnoses set job_end = created_at, ended_at = created_at "
+                    "where job_id = ?", [job])
     con.commit()
     con.close()
     return path
@@ -177,7 +180,7 @@ def test_home_page_shows_hook_health_with_the_silent_node_first(db):
     full = _json(db, "/diagnoses/hook_health.json?_shape=array")
     assert [r["node"] for r in full] == [r["node"] for r in h["shown"]]
     rc, html = get(db, "/diagnoses/hook_health")
-    assert rc == 0 and 'href="/diagnosis/test/1002/0"' in html and "Last snapshot (UTC)" in html
+    assert rc == 0 and 'href="/diagnosis/test/1002/0"' in html and "Last snapshot (job ended, UTC)" in html
 
 
 def _placements(html) -> list[list[str]]:
@@ -200,7 +203,7 @@ def test_a_gpu_page_lists_its_diagnoses_on_every_node_it_was_in(db):
     # where it went, in order: node, PCI address, first, last, diagnoses, the machine's faults
     placed = _placements(html)
     assert [p[:2] for p in placed] == [["node-02", "0000:9d:00.0"], ["node-07", "0000:3b:00.0"]]
-    assert placed[1][2:] == ["2026-11-20T08:00:00Z", "2026-11-25T16:30:00Z", "2", "2"]
+    assert placed[1][2:] == [_created(db, "1003"), _created(db, "1004"), "2", "2"]
     for want in (f'href="{NODE}node-02"', f'href="{NODE}node-07"', "0000:3b:00.0",
                  'href="/diagnosis/test/1003/0"', 'href="/diagnosis/test/1004/0"',
                  f'href="/diagnoses/gpu_history.json?gpu={SERIAL}"', '<svg class="swimlane"'):
@@ -398,10 +401,11 @@ def busy_db(db, tmp_path_factory):
             with recursive c(i) as (select 0 union all select i + 1 from c where i < 39999)
             insert into diagnoses (id, cluster, job_id, restart, outcome, category, family,
                                    culprit_node, culprit_gpu, gpu_serial, summary, created_at,
-                                   updated_at, nodes, blame, machine_fault, fault,
+                                   ended_at, updated_at, nodes, blame, machine_fault, fault,
                                    gpu_fault, out_of_service)
             select 'busy/' || i || '/0', 'busy', cast(500000 + i as text), 0, 'attributed',
                    'gpu_hardware', 'gpu', 'busy-01', '0000:3b:00.0', 'BUSY-1', 'Xid 79',
+                   strftime('%Y-%m-%dT%H:%M:%SZ', 'now', printf('-%d seconds', i)),
                    strftime('%Y-%m-%dT%H:%M:%SZ', 'now', printf('-%d seconds', i)),
                    strftime('%Y-%m-%dT%H:%M:%SZ', 'now'), '["busy-01"]', 'machine', 1,
                    'infrastructure', 1, 1

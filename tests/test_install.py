@@ -359,7 +359,8 @@ def test_installed_dashboard_registers_every_part(main, tmp_path):
         return r.stdout
     names = {p["name"] for p in json.loads(get("/-/plugins.json"))}
     assert {f"sattrib_dashboard.{part}" for part in (
-        "database", "guards", "cells", "summary", "home", "job", "diagnosis", "node", "gpu")} \
+        "database", "guards", "cells", "shown", "summary", "home", "job", "diagnosis", "node",
+        "gpu")} \
         <= names
     assert "No diagnoses yet" in get("/")
     assert json.loads(get("/diagnoses/node_hotspots.json?_shape=array")) == []

@@ -188,3 +188,22 @@ def test_summaries_stored_before_they_were_public_are_rewritten(tmp_path, rules)
     assert c.execute("select count(*) from diagnoses_fts where diagnoses_fts match 'SECRET123'"
                      ).fetchone()[0] == 0
     assert any(secret in r[0] for r in c.execute("select text from evidence"))
+
+
+def test_the_failure_list_reads_the_index_on_the_jobs_end(tmp_path, diag):
+    """Recent failures, filtered by partition, user and category, walks m015's covering index
+    in the order it lists (the job's end) rather than every row (the million-row dashboard
+    test times it)."""
+    import yaml
+    from sattrib.serve import dashboard_dir
+    Store(tmp_path / "d.db").upsert(diag, "c1")
+    sql = yaml.safe_load((dashboard_dir() / "metadata.yml").read_text())[
+        "databases"]["diagnoses"]["queries"]["recent_failures"]["sql"]
+    con = sqlite3.connect(tmp_path / "d.db")
+    con.create_function("escape_fts", 1, str)        # the dashboard's own, for the plan only
+    params = dict.fromkeys(("q", "since", "until", "node", "outcome", "family", "infra"), "")
+    params.update(partition="debug", user="u10", category="nvlink")
+    plan = " ".join(r[3] for r in con.execute("explain query plan " + sql, params))
+    assert "SCAN diagnoses USING INDEX idx_diagnoses_ended_filter" in plan, plan
+    assert "idx_diagnoses_filter" not in {r[0] for r in con.execute(
+        "select name from sqlite_master where type = 'index'")}

@@ -17,7 +17,8 @@ from datasette.plugins import pm
 
 PACKAGE = "sattrib_dashboard"
 # The parts that hook into Datasette. charts (the SVG charts) is used by the pages that draw.
-PARTS = ("database", "guards", "cells", "summary", "home", "job", "diagnosis", "node", "gpu")
+PARTS = ("database", "guards", "cells", "shown", "summary", "home", "job", "diagnosis", "node",
+         "gpu")
 
 
 def _package():

@@ -15,17 +15,21 @@ from markupsafe import Markup, escape
 from sattrib.engine.taxonomy import Category
 from sattrib_dashboard.database import DB_NAME
 
-# Column headers of the canned queries' pages (the JSON keeps the column names).
-LABELS = {"failed_at": "Failed at (UTC)", "created_at": "Diagnosed (UTC)", "job_id": "Job",
+# Column headers of the canned queries' pages (the JSON keeps the column names). Failures are
+# listed, filtered and counted by when the job ended (ended_at, store.m013_ended_at); when
+# sattrib diagnosed a run (created_at) is shown under its own name and filters nothing.
+LABELS = {"ended_at": "Job ended (UTC)", "created_at": "Diagnosed (UTC)", "job_id": "Job",
           "culprit_node": "Culprit node", "culprit_gpu": "Culprit GPU", "gpu": "GPU",
-          "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last seen (UTC)",
-          "first": "First (UTC)", "last": "Last (UTC)", "id": "Diagnosis",
+          "uuid": "UUID", "gpus": "GPUs", "last_seen": "Last job ended (UTC)",
+          "first": "First job ended (UTC)", "last": "Last job ended (UTC)", "id": "Diagnosis",
           "not_counted": "Not the node's fault (not counted)",
-          "last_snapshot_at": "Last snapshot (UTC)", "last_diagnosis_at": "Last diagnosis (UTC)",
+          "last_snapshot_at": "Last snapshot (job ended, UTC)",
+          "last_diagnosis_at": "Last failure (job ended, UTC)",
           "last_diagnosis": "Last diagnosis", "missed": "Snapshots missed since",
-          "q": "Search", "since": "Since (date)", "until": "Until (date)", "node": "Node", "days": "Days",
+          "q": "Search", "since": "Job ended since (date)", "until": "Job ended until (date)",
+          "node": "Node", "days": "Days",
           "infra": "Infrastructure (1)"}
-TIME_COLUMNS = {"failed_at", "created_at", "last_seen", "first", "last", "job_end",
+TIME_COLUMNS = {"ended_at", "created_at", "last_seen", "first", "last", "job_end",
                 "last_snapshot_at", "last_diagnosis_at"}
 # A family's colour, the same on the chart of failures over time and on every category cell.
 FAMILY_COLOURS = {"gpu": "#b3261e", "nvlink": "#6b3fa0", "network": "#0f7b8a",

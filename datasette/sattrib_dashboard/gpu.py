@@ -19,18 +19,18 @@ def gpu_view(datasette, rows) -> dict:
     went there, and its history, one lane per placement."""
     found = [dict(r) for r in rows]
     placements: dict = {}
-    for r in sorted(found, key=lambda r: (r["failed_at"], r["id"])):
+    for r in sorted(found, key=lambda r: (r["ended_at"], r["id"])):
         p = placements.setdefault((r["node"], r["pci"]), {
-            "node": r["node"], "pci": r["pci"], "first": r["failed_at"], "diagnoses": 0,
+            "node": r["node"], "pci": r["pci"], "first": r["ended_at"], "diagnoses": 0,
             "infrastructure": 0})
-        p["last"] = r["failed_at"]
+        p["last"] = r["ended_at"]
         p["diagnoses"] += 1
         p["infrastructure"] += r["fault"] == "infrastructure"
     placed = sorted(placements.values(),
                     key=lambda p: (p["first"], p["node"] or "", p["pci"] or ""))
     history = swimlane(
-        [(_lane(r), r["failed_at"], "infra" if r["fault"] == "infrastructure" else "workload",
-          f"{r['failed_at']} · job {r['job_id']} · {r['category'] or r['outcome']}")
+        [(_lane(r), r["ended_at"], "infra" if r["fault"] == "infrastructure" else "workload",
+          f"{r['ended_at']} · job {r['job_id']} · {r['category'] or r['outcome']}")
          for r in found],
         [(_lane(p), _lane(p), datasette.urls.path(node_path(p["node"])) if p["node"] else None)
          for p in placed])

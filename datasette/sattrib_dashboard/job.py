@@ -8,21 +8,22 @@ from sattrib_dashboard.database import diagnoses
 
 
 async def job_page(datasette, request):
-    """/job?id=1001 (or 1001.batch, 1001_3 as sacct prints them) goes to the latest run's
-    diagnosis; a job id known to two clusters lists both. /job.json?id=1001 lists every run of
+    """/job?id=1001 (or 1001.batch, 1001_3 as sacct prints them) goes to the diagnosis of
+    the run that ended last; a job id known to two clusters lists both. /job.json?id=1001 lists every run of
     the job on every cluster, each with its diagnosis's page and JSON (what `sattrib JOBID`
     asks on a login node); 404 when there is none."""
     raw = (request.args.get("id") or "").strip()
     job = raw.split(".")[0]
     runs = (await diagnoses(datasette).execute(
-        "select cluster, job_id, restart, outcome, category, created_at from diagnoses "
-        "where job_id = ? order by created_at desc, restart desc", [job])).rows if job else []
+        "select cluster, job_id, restart, outcome, category, ended_at, created_at from diagnoses "
+        "where job_id = ? order by ended_at desc, restart desc", [job])).rows if job else []
     page = lambda r: datasette.urls.path(diagnosis_path(r["cluster"], r["job_id"],  # noqa: E731
                                                         r["restart"]))
     if request.url_vars.get("format"):
         listed = [{"cluster": r["cluster"], "job_id": r["job_id"], "restart": r["restart"],
                    "outcome": r["outcome"], "category": r["category"],
-                   "created_at": r["created_at"], "url": page(r), "json": page(r) + ".json"}
+                   "ended_at": r["ended_at"], "created_at": r["created_at"], "url": page(r),
+                   "json": page(r) + ".json"}
                   for r in sorted(runs, key=lambda r: (r["cluster"], r["restart"]))]
         return Response.json({"job_id": job, "runs": listed}, status=200 if listed else 404)
     latest = {}

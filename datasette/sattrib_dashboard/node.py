@@ -22,12 +22,12 @@ NODE_ROLES = {"cause": ("caused (infra)", "infra"),
 
 def node_view(rows) -> dict:
     """From the node's failed jobs: how many it caused (the machine's fault), its history (one
-    lane per part it played, a mark per job at its failure time), the GPUs blamed for the faults
+    lane per part it played, a mark per job at its end), the GPUs blamed for the faults
     it caused, and the telemetry it lacked (per source: diagnoses, the latest)."""
     jobs = [dict(r) for r in rows]
     history = swimlane(
-        [(r["role"], r["job_end"] or r["created_at"], NODE_ROLES[r["role"]][1],
-          f"{r['job_end'] or r['created_at']} · job {r['job_id']} · "
+        [(r["role"], r["ended_at"], NODE_ROLES[r["role"]][1],
+          f"{r['ended_at']} · job {r['job_id']} · "
           f"{r['category'] or r['outcome']}") for r in jobs if r["role"] in NODE_ROLES],
         [(role, label, None) for role, (label, _) in NODE_ROLES.items()
          if any(r["role"] == role for r in jobs)])
@@ -44,7 +44,7 @@ def node_view(rows) -> dict:
             if source:
                 m = missing.setdefault(source, {"source": source, "n": 0, "last": ""})
                 m["n"] += 1
-                m["last"] = max(m["last"], r["created_at"])
+                m["last"] = max(m["last"], r["ended_at"])
     return {"jobs": jobs, "history": history,
             "caused": sum(r["role"] == "cause" for r in jobs),
             "gpus": sorted(gpus.values(), key=lambda g: (-g["n"], g["gpu"])),

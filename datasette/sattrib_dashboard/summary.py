@@ -1,6 +1,6 @@
-"""The home page's figures, also /-/summary.json: failed runs in the last day and week by
-outcome and family, the drain list, repeat offenders, the telemetry most often missing and
-hook health. The drain list (the drain_list canned query) reads the stored machine_fault and
+"""The home page's figures, also /-/summary.json: failed runs whose job ended in the last day
+and week (ended_at, the time basis of every list) by outcome and family, the drain list,
+repeat offenders, the telemetry most often missing and hook health. The drain list (the drain_list canned query) reads the stored machine_fault and
 out_of_service columns (sattrib/store.py, from engine/taxonomy.py), the columns the drain
 policy decides by, and the actions table, what the policy did."""
 import json
@@ -34,13 +34,13 @@ async def summary(db) -> dict:
         windows[key] = {
             "since": (await rows(f"select {SINCE} as t", p))[0]["t"],
             "failures": (await rows(f"select count(*) as n from diagnoses "
-                                    f"where created_at >= {SINCE}", p))[0]["n"],
+                                    f"where ended_at >= {SINCE}", p))[0]["n"],
             "by_outcome": await rows(
-                f"select outcome, count(*) as n from diagnoses where created_at >= {SINCE} "
+                f"select outcome, count(*) as n from diagnoses where ended_at >= {SINCE} "
                 f"group by outcome order by n desc, outcome", p),
             "by_family": await rows(
                 f"select coalesce(family, outcome) as family, count(*) as n from diagnoses "
-                f"where created_at >= {SINCE} group by 1 order by n desc, 1", p),
+                f"where ended_at >= {SINCE} group by 1 order by n desc, 1", p),
         }
     w = windows["7d"]
     unexplained = sum(r["n"] for r in w["by_outcome"] if r["outcome"] != "attributed")
@@ -48,7 +48,7 @@ async def summary(db) -> dict:
         select m.source, count(distinct m.diagnosis_id) as diagnoses,
                count(distinct m.node) as nodes
         from diagnoses d join missing_evidence m on m.diagnosis_id = d.id
-        where d.created_at >= {SINCE} and m.node != 'job'
+        where d.ended_at >= {SINCE} and m.node != 'job'
         group by m.source order by diagnoses desc, m.source limit 5""", {"ago": "-7 days"})
     repeat = []
     if "escalations" in set(await db.table_names()):
