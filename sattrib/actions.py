@@ -71,7 +71,7 @@ def culprit_key(root: dict) -> tuple[str, str, list]:
 
 
 def escalation(conn, did: str, d: dict, st, now: float) -> Optional[dict]:
-    """The same GPU (or node) as the culprit of `repeat_threshold` failed jobs within
+    """The same GPU (or node) as the culprit of `repeat_threshold` failed jobs that ended within
     `repeat_window_days`, each the machine's fault (store.cause_columns): the action moves up
     the ladder reset_gpu -> reboot_node -> drain_node one step at the threshold and one more
     at each further multiple of it."""
@@ -81,16 +81,16 @@ def escalation(conn, did: str, d: dict, st, now: float) -> Optional[dict]:
     label, cond, args = culprit_key(root)
     since = _iso(now - st.repeat_window_days * 86400)
     rows = conn.execute(
-        "SELECT cluster, job_id, restart, category, created_at FROM diagnoses "
-        f"WHERE {cond} AND machine_fault = 1 AND created_at >= ? AND id != ? "
-        "ORDER BY created_at, id", args + [since, did]).fetchall()
+        "SELECT cluster, job_id, restart, category, ended_at FROM diagnoses "
+        f"WHERE {cond} AND machine_fault = 1 AND ended_at >= ? AND id != ? "
+        "ORDER BY ended_at, id", args + [since, did]).fetchall()
     cluster, job_id = did.split("/")[0], d.get("job_id")
     earlier, seen = [], {(cluster, job_id)}
     for c, j, r, cat, at in rows:
         if (c, j) not in seen:
             seen.add((c, j))
             earlier.append({"cluster": c, "job_id": j, "restart": r, "category": cat,
-                            "created_at": at})
+                            "ended_at": at})
     failures = len(earlier) + 1
     k = st.repeat_threshold
     if failures < k:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from sattrib.config import Settings
 from sattrib.errors import UserError
 from sattrib.store import open_store
 
-from helpers import Hook
+from helpers import Hook, ended_now
 
 CASES = Path(__file__).parent / "cases"
 
@@ -60,18 +61,19 @@ def settings(tmp_path, **kw):
                     **{"drain": "on", "drain_max_partition_percent": 100.0, **kw})
 
 
-def diagnose(case, job_id=None):
+def diagnose(case, job_id=None, ended=None):
+    """The recorded case as the hooks see it: its job ended now (or at `ended`)."""
     st = Settings()
     d, _ = analyze_folder(CASES / case, settings=analysis_settings(st), rules=load_rules([]),
                           limits=reader_limits(st), timezone="UTC")
     if job_id:
         d = d.model_copy(update={"job_id": job_id})
-    return d
+    return ended_now(d, ended)
 
 
-def run(st, case, job_id=None):
+def run(st, case, job_id=None, ended=None):
     db = open_store(st.database)
-    d = diagnose(case, job_id)
+    d = diagnose(case, job_id, ended)
     did = db.upsert(d, "c1")
     return act(db, did, d, st)
 
@@ -152,6 +154,16 @@ def test_repeat_offender_escalates_on_the_third_failure(tmp_path, slurm):
     assert esc["failures"] == 3 and (esc["from"], esc["to"]) == ("reboot_node", "drain_node")
     assert [j["job_id"] for j in esc["earlier_jobs"]] == ["101", "102"]
     assert esc["culprit"].startswith("GPU ") and esc["culprit"].endswith(" on gn02")
+
+
+def test_the_repeat_window_counts_jobs_by_their_end(tmp_path, slurm):
+    """Failures whose jobs ended before the window do not count, however recently sattrib
+    diagnosed them (a backlog replayed, a bundle analysed late)."""
+    st = settings(tmp_path, drain="dry-run")
+    long_ago = datetime.now(timezone.utc) - timedelta(days=st.repeat_window_days + 1)
+    run(st, "xid79_srun_combined_log", "101", ended=long_ago)
+    run(st, "xid79_srun_combined_log", "102", ended=long_ago)
+    assert run(st, "xid79_srun_combined_log", "103")["escalation"] is None
 
 
 def test_escalation_ignores_workload_faults_and_other_gpus(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CASES, ROOT
+from helpers import CASES, ROOT, ended_now
 from sattrib.actions import decide_drain, escalation
 from sattrib.analysis import analyze_folder
 from sattrib.config import Settings
@@ -56,8 +56,9 @@ def user_env_job(tmp_path, job: str, node: str, line: str):
 
 
 def diagnose(folder, rules, job_id=None):
+    """The folder's diagnosis as the hooks make it: its job ended now."""
     d, _ = analyze_folder(folder, rules=rules)
-    return d.model_copy(update={"job_id": job_id}) if job_id else d
+    return ended_now(d.model_copy(update={"job_id": job_id}) if job_id else d)
 
 
 # -- the vocabularies -----------------------------------------------------------------------
