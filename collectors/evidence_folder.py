@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Union
 
 from ..engine.extract import captures, found_for, line_rules, rules_by_source
-from ..engine.lineparse import TimeContext, clean, split_prefix
+from ..engine.lineparse import SRUN, TimeContext, clean, split_prefix, tagging
 from ..engine.localize import fr_lines
 from ..engine.models import Bundle, Document, JobInfo, Line
 from ..engine.rules import RuleSet
@@ -43,7 +43,6 @@ MAX_DEPTH = 3
 STRUCTURED_CAP = 32 << 20     # nvidia-smi / ibstat / dcgm dumps are read whole up to this
 
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
-_SRUN = re.compile(rb"^ {0,6}\d{1,7}: ", re.M)
 # A flight-recorder dump as NVIDIA's resiliency library names it (TORCH_FR_DUMP_TEMP_FILE ending
 # in /_dump_): read in a node's folder although its name starts with "_".
 _NVRX_DUMP = re.compile(r"_dump_\d{1,7}$")
@@ -57,10 +56,9 @@ class Opened(NamedTuple):
     head: bytes
 
 
-def _srun_prefixed(head: bytes) -> bool:
-    """`srun -l` output: most of the first lines start with a task number."""
-    lines = [ln for ln in head.split(b"\n", 60)[:60] if ln.strip()]
-    return len(lines) >= 3 and sum(1 for ln in lines if _SRUN.match(ln)) * 2 >= len(lines)
+def _tagging(head: bytes) -> str:
+    """How the job output's lines are tagged (lineparse.tagging), from its first lines."""
+    return tagging([ln.decode("utf-8", "replace") for ln in head.split(b"\n", 60)[:60]])
 
 
 def _kernel_record(kind: str, p) -> bool:
@@ -415,7 +413,7 @@ class FolderReader:
         for _, raw in self._heads(files, 16384):
             head = raw.decode("utf-8", "replace")
             for ln in head.split("\n")[:50]:
-                t = tc.epoch(split_prefix(clean(ln), srun=True).stamp)
+                t = tc.epoch(split_prefix(clean(ln), SRUN).stamp)
                 if t is not None:
                     return t
         return None
@@ -443,7 +441,7 @@ class FolderReader:
         """The lines among the first 50 of a file's head that carry a time stamp: what
         `_reference` reads of it (a node ships them with its extract)."""
         return [ln for ln in head[:16384].decode("utf-8", "replace").split("\n")[:50]
-                if split_prefix(clean(ln), srun=True).stamp is not None]
+                if split_prefix(clean(ln), SRUN).stamp is not None]
 
     # -- one file ---------------------------------------------------------------------------
     def _read_file(self, path: Path, rel: str, node: Optional[str], in_slurm: bool,
@@ -477,8 +475,8 @@ class FolderReader:
 
     def _scan(self, f: Opened, doc: Document, row, tc: TimeContext,
               bundle: Bundle) -> None:
-        res, srun = self.scan_output(f.fd, f.size, f.head, kind=doc.kind)
-        self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
+        res, tags = self.scan_output(f.fd, f.size, f.head, kind=doc.kind)
+        self._add_hits(doc, res.hits, res.cut, res.notes, tags, tc, bundle)
 
     def _record(self, f: Opened, doc: Document, row, tc: TimeContext,
                 bundle: Bundle) -> None:
@@ -486,9 +484,9 @@ class FolderReader:
         Slurm's own fields only (slurm_state.rule_view)."""
         view = slurm_state.rule_view(doc.kind, os.pread(f.fd, STRUCTURED_CAP, 0).decode(
             "utf-8", "replace"), self.job_id).encode()
-        res, srun = self.scan_output(f.fd, len(view), view[:self.lim.sniff_bytes],
+        res, tags = self.scan_output(f.fd, len(view), view[:self.lim.sniff_bytes],
                                      pread=lambda n, off: view[off:off + n], kind=doc.kind)
-        self._add_hits(doc, res.hits, res.cut, res.notes, srun, tc, bundle)
+        self._add_hits(doc, res.hits, res.cut, res.notes, tags, tc, bundle)
 
     def _facts(self, f: Opened, doc: Document, row, tc: TimeContext,
                bundle: Bundle) -> None:
@@ -589,17 +587,17 @@ class FolderReader:
 
     def scan_output(self, fd: int, size: int, head: bytes, pread=None,
                     kind: Kind = Kind.rank_output):
-        """(ScanResult, srun-prefixed?) for an open file: the prefilter, then the rules
+        """(ScanResult, tagging) for an open file: the prefilter, then the rules
         on each line it found. Also what a node runs on its own ranks' files
         (collectors/output_lines.py)."""
-        srun = kind == Kind.rank_output and _srun_prefixed(head)
+        tags = _tagging(head) if kind == Kind.rank_output else ""
         prefilter = EveryLine() if self.reference else self.rules.prefilter
         res = scan(fd, size, prefilter, self.lit_rules, self.lines_after, self.lim,
-                   confirm=self._confirmer(kind, srun), pread=pread,
+                   confirm=self._confirmer(kind, tags), pread=pread,
                    neighbours=None if self.reference else self.needs_neighbours)
-        return res, srun
+        return res, tags
 
-    def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, srun: bool,
+    def _add_hits(self, doc: Document, hits: list, cut: int, notes: list, tags: str,
                   tc: TimeContext, bundle: Bundle) -> None:
         doc.truncated_bytes = cut
         doc.notes.extend(notes)
@@ -609,7 +607,7 @@ class FolderReader:
             rank_hint = int(m.group(1))
         self._no_stamps = 0
         for h in hits:
-            ln = self._line(doc, h, tc, srun, rank_hint)
+            ln = self._line(doc, h, tc, tags, rank_hint)
             if ln is not None:
                 bundle.lines.append(ln)
 
@@ -629,18 +627,18 @@ class FolderReader:
         bundle.documents.append(doc)
         # The node kept the lines its rules confirmed; confirming them again here, in order,
         # gives the same matches (and the same context-rule counts) the scan had.
-        confirm = self._confirmer(Kind.rank_output, rep.header["srun"])
+        confirm = self._confirmer(Kind.rank_output, rep.header["tags"])
         hits = []
         for h in rep.hits:
             h.lits, h.meta = confirm(h.data, h.lits)
             if h.lits:
                 hits.append(h)
-        self._add_hits(doc, hits, rep.header["cut"], rep.notes, rep.header["srun"], tc, bundle)
+        self._add_hits(doc, hits, rep.header["cut"], rep.notes, rep.header["tags"], tc, bundle)
         return True
 
     CONTEXT_CAP = 2       # lines per file kept for a rule that only locates (role context)
 
-    def _confirmer(self, kind: Kind, srun: bool):
+    def _confirmer(self, kind: Kind, tags: str):
         """Runs the rules a line's literals point at; the scanner drops lines none matches."""
         by_id = self.rules.by_id
         if kind == Kind.journal_json:
@@ -653,7 +651,7 @@ class FolderReader:
             if lits <= capped:
                 return set(), None     # whatever matches, the line would be dropped: no work
             text = clean(data.decode("utf-8", "replace"))
-            p = split_prefix(text, srun=srun)
+            p = split_prefix(text, tags)
             msg = p.message.encode("utf-8", "replace")
             kernel = _kernel_record(kind, p)
             hit = search_all(by_id, msg, lits, kernel) if self.reference else \
@@ -668,7 +666,7 @@ class FolderReader:
             return set(hit), (text, p, hit)     # the matches are kept: extract reuses them
         return confirm
 
-    def _line(self, doc: Document, h, tc: TimeContext, srun: bool,
+    def _line(self, doc: Document, h, tc: TimeContext, tags: str,
               rank_hint: Optional[int]) -> Optional[Line]:
         if doc.kind == Kind.journal_json:
             return self._journal_line(doc, h, h.data.decode("utf-8", "replace"),
@@ -678,7 +676,7 @@ class FolderReader:
             text, p, matches = h.meta
         else:
             text = clean(h.data.decode("utf-8", "replace"))
-            p = split_prefix(text, srun=srun)
+            p = split_prefix(text, tags)
         source = doc.source
         if doc.kind == Kind.kernel_log:
             source = Source.kernel if _kernel_record(doc.kind, p) else Source.system
@@ -692,17 +690,18 @@ class FolderReader:
         wants_time = self.wants_time(h.lits)
         if ts is None and wants_time and self._no_stamps < 32:
             # A file whose lines carry no time stamps (NCCL output) stops being searched.
-            after = self._neighbour(h.prev, tc, srun, p.rank)
-            before = self._neighbour(h.next, tc, srun, p.rank)
+            after = self._neighbour(h.prev, tc, tags, p.rank)
+            before = self._neighbour(h.next, tc, tags, p.rank)
             after = after - skew if after is not None else None
             before = before - skew if before is not None else None
             self._no_stamps = 0 if (after or before) else self._no_stamps + 1
         following = tuple(clean(b.decode("utf-8", "replace")) for b in h.following)
-        if srun:
-            following = tuple(split_prefix(f, srun=True).message for f in following)
+        if tags:
+            following = tuple(split_prefix(f, tags).message for f in following)
         cands = tuple(sorted(h.lits))
         ln = Line(doc=doc.path, line=h.line, offset=h.offset, source=source, node=doc.node,
                   rank=rank, message=p.message, prefix=text[:len(text) - len(p.message)],
+                  tagged_host=p.tagged_host,
                   ts=ts,
                   ts_res=p.stamp.res if p.stamp else 1.0, after=after, before=before,
                   candidates=self._cands.setdefault(cands, cands), following=following)
@@ -720,10 +719,10 @@ class FolderReader:
         return ln
 
     @staticmethod
-    def _neighbour(lines, tc: TimeContext, srun: bool, rank: Optional[int]) -> Optional[float]:
+    def _neighbour(lines, tc: TimeContext, tags: str, rank: Optional[int]) -> Optional[float]:
         for b in lines:
-            p = split_prefix(clean(b.decode("utf-8", "replace")), srun=srun)
-            if srun and rank is not None and p.rank is not None and p.rank != rank:
+            p = split_prefix(clean(b.decode("utf-8", "replace")), tags)
+            if tags and rank is not None and p.rank is not None and p.rank != rank:
                 continue
             t = tc.epoch(p.stamp)
             if t is not None:

@@ -34,6 +34,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..engine.lineparse import HOST, SRUN
 from .frames import frames_at, innermost, lines_around, with_exception
 from .reader import Limits, RawHit, SkipFile, open_regular, open_under, read_head
 
@@ -89,7 +90,7 @@ def extract(src: str, owner: Optional[int], cap: int, reader, rules_version: str
             return out             # a cut gzip stream: left to the controller
         n = max(reader.lim.sniff_bytes, 16384)
         head = read_head(fd, n) if pread is None else pread(n, 0)
-        res, srun = reader.scan_output(fd, size, head[:reader.lim.sniff_bytes], pread)
+        res, tags = reader.scan_output(fd, size, head[:reader.lim.sniff_bytes], pread)
         whole = pread or (lambda n, off: os.pread(fd, n, off))
         frames = ([[] for _ in res.hits] if gz else
                   frames_at(whole, [(h.line, h.offset if h.line is None else None)
@@ -100,7 +101,7 @@ def extract(src: str, owner: Optional[int], cap: int, reader, rules_version: str
     finally:
         os.close(fd)
     header = {"format": FORMAT, "rules": rules_version, "budget": budget(reader.lim, cap),
-              "source": src, "size": size, "cut": res.cut, "srun": srun, "notes": res.notes,
+              "source": src, "size": size, "cut": res.cut, "tags": tags, "notes": res.notes,
               "stamps": reader.stamped_head(head),
               "copy_note": f"{src}: {cut}" if cut else None, "hits": len(res.hits)}
     rows = [json.dumps(header, sort_keys=False)]
@@ -148,7 +149,10 @@ def parse(data: bytes) -> Optional[Replay]:
     for key in ("size", "cut"):
         if type(header.get(key)) is not int or header[key] < 0:
             header[key] = 0
-    header["srun"] = header.get("srun") is True
+    # How the file's lines are tagged (lineparse.tagging); a node may be of the release before,
+    # which said only whether srun's task numbers tag them.
+    tags = header.get("tags", SRUN if header.get("srun") is True else "")
+    header["tags"] = tags if tags in (SRUN, HOST) else ""
     stamps = header.get("stamps")
     header["stamps"] = [x[:16384] for x in stamps[:50] if isinstance(x, str)] \
         if isinstance(stamps, list) else []

@@ -131,12 +131,15 @@ def correlate(events: list[Event], bundle: Bundle) -> Links:
         if ev.node is None:
             n = L.rank_node.get(ev.rank) if ev.rank in L.launcher_ranks else None
             n = n or _resolve_host(ev.caps.get("node"), nodes) or \
-                _resolve_host(ev.caps.get("nccl_host"), nodes)
-            if n is None and _PLAIN_HOST.match(ev.caps.get("node") or "") and (
+                _resolve_host(ev.caps.get("nccl_host"), nodes) or \
+                _resolve_host(ev.line.tagged_host, nodes)
+            named = ev.caps.get("node") or ev.line.tagged_host
+            if n is None and _PLAIN_HOST.match(named or "") and (
                     ev.source == Source.scheduler or FAMILY.get(ev.category) in PROGRAM_FAMILIES):
-                # Slurm itself names the node. In job output the line could be the user's own
-                # text, which is believed only where it cannot take a node out of service.
-                n = ev.caps["node"]
+                # Slurm itself names the node, or a launcher's tag does (pdsh). In job output
+                # the line could be the user's own text, which is believed only where it
+                # cannot take a node out of service.
+                n = named
             if n is None and ev.rank is not None:
                 n = L.rank_node.get(ev.rank)
             ev.node = n

@@ -1,7 +1,8 @@
 """Log line prefixes: timestamps, hosts, ranks and syslog identifiers, in the common forms.
 
 Pure functions over one line. `split_prefix` peels the prefixes that log paths add (srun -l,
-syslog / ISO / dmesg / kmsg, torch's `[rankN]:`) and reports what they said; rules then match
+pdsh's host tags, syslog / ISO / dmesg / kmsg, torch's `[rankN]:`) and reports what they said;
+rules then match
 the remaining message. Timestamps come back as naive parts plus a resolution; turning a
 year-less `Mon DD HH:MM:SS` into an instant needs a reference time, which `TimeContext` holds.
 """
@@ -20,6 +21,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 _SRUN = re.compile(r"^ {0,6}(\d{1,7}): ")
+# pdsh (DeepSpeed's multi-node launcher, clush, pssh -i) tags each line with its host: "node-01: ".
+_HOST_TAG = re.compile(r"^(?P<host>[A-Za-z0-9][\w.-]{0,63}): ")
+# What a whole file's lines are tagged with (a file is sniffed once, `tagging`).
+SRUN, HOST = "srun", "host"
 _RANKTAG = re.compile(r"^\[rank(\d{1,7})\]: ?")
 _ISO = (r"(?P<iso>(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
         r"(?:[.,](?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?)")
@@ -94,6 +99,7 @@ class Parsed:
     kernel_form: bool = False      # dmesg / kmsg form: only the kernel prints these
     nccl_host: Optional[str] = None
     nccl_dev: Optional[int] = None
+    tagged_host: Optional[str] = None   # the host a launcher's tag names (pdsh "node-01: ")
 
 
 def clean(text: str) -> str:
@@ -151,16 +157,38 @@ def _after_bars(line: str) -> str:
     return line
 
 
-def split_prefix(raw: str, srun: bool = False) -> Parsed:
-    """Peel log-path prefixes off one line (already cleaned) and say what they carried."""
+def tagging(lines: list[str]) -> str:
+    """What a file's lines are tagged with, from its first lines: SRUN (`srun -l`: most start
+    with a task number), HOST (pdsh: most start with a host name, which has a digit, so an
+    exception's "RuntimeError: " is none) or ""."""
+    lines = [ln for ln in lines[:60] if ln.strip()]
+    if len(lines) < 3:
+        return ""
+    if sum(1 for ln in lines if _SRUN.match(ln)) * 2 >= len(lines):
+        return SRUN
+    hosts = [m.group("host") for ln in lines if (m := _HOST_TAG.match(ln))]
+    if len(hosts) >= 3 and len(hosts) * 2 >= len(lines) and len(set(hosts)) <= 64 and all(
+            any(c.isdigit() for c in h) and not h.isdigit() for h in hosts):
+        return HOST
+    return ""
+
+
+def split_prefix(raw: str, tags: str = "") -> Parsed:
+    """Peel log-path prefixes off one line (already cleaned) and say what they carried. `tags`
+    is the file's tagging: the task number of `srun -l` or the host of pdsh opens the line."""
     line = _after_bars(raw)
-    rank = None
-    if srun:
+    rank = host = None
+    if tags == SRUN:
         m = _SRUN.match(line)
         if m:
             rank = int(m.group(1))
             line = _after_bars(line[m.end():])
-    p = Parsed(message=line, rank=rank)
+    elif tags == HOST:
+        m = _HOST_TAG.match(line)
+        if m:
+            host = m.group("host")
+            line = _after_bars(line[m.end():])
+    p = Parsed(message=line, rank=rank, tagged_host=host)
     if "kernel: " in line[:72] and (m := _BARE_KERNEL.match(line)):
         p.host, p.ident = m.group("host"), "kernel"
         p.message = line[m.end():]

@@ -74,6 +74,7 @@ class Line:
     rank: Optional[int]
     message: str                 # the line without its log prefixes (what rules match)
     prefix: str = ""             # the prefixes peeled off it (text = prefix + message)
+    tagged_host: Optional[str] = None   # the host its launcher's tag names (pdsh): job output
     shown: Optional[str] = None  # the original line when it is not prefix + message (facts)
     ts: Optional[float] = None   # epoch seconds (UTC) from the line itself
     ts_res: float = 1.0          # resolution of ts in seconds

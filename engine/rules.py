@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 from . import decode, kmsg, public, rule_cache
 from .catalog import (BUILTIN_DIR as CATALOG_DIR, CatalogError, Row, catalog_files, load_catalogs,
                       lookup)
-from .lineparse import clean, split_prefix
+from .lineparse import SRUN, clean, split_prefix
 from .matcher import PatternError, Prefilter, compile_rule_pattern, digit_blind
 from .taxonomy import FAMILY, Source
 
@@ -267,7 +267,7 @@ def check_catalog_examples(rs: RuleSet, prefix: str = "") -> list[str]:
         for row in c.rows:
             if not row.where.startswith(prefix):
                 continue
-            p = split_prefix(clean(row.example), srun=True)
+            p = split_prefix(clean(row.example), tags=SRUN)
             msg = p.message
             m = c.search(msg, read_as_kernel(c.rule, p))
             if not m:
@@ -286,7 +286,7 @@ def check_examples(c: CompiledRule) -> list[str]:
     """Run a rule's own examples; returns the failures as readable lines."""
     errors = []
     for ex in c.rule.examples.match:
-        p = split_prefix(clean(ex.line), srun=True)
+        p = split_prefix(clean(ex.line), tags=SRUN)
         msg = p.message
         m = c.search(msg, read_as_kernel(c.rule, p))
         if not m:
@@ -305,7 +305,7 @@ def check_examples(c: CompiledRule) -> list[str]:
                           f"({QUOTED.format('...')!r}): begin the pattern with the emitter's "
                           "own words")
     for ex in c.rule.examples.no_match:
-        p = split_prefix(clean(ex.line), srun=True)
+        p = split_prefix(clean(ex.line), tags=SRUN)
         if c.search(p.message, read_as_kernel(c.rule, p)):
             errors.append(f"{c.path}: matches its no_match example: {ex.line!r}")
     return errors

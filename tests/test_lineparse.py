@@ -1,12 +1,12 @@
 """Timestamps and prefixes in the common log forms."""
-from sattrib.engine.lineparse import TimeContext, clean, iso_utc, split_prefix
+from sattrib.engine.lineparse import HOST, SRUN, TimeContext, clean, iso_utc, split_prefix, tagging
 
 REF = 1775988600.0  # 2026-04-12T10:10:00Z
 tc = TimeContext(REF)
 
 
 def t(line, srun=False):
-    p = split_prefix(clean(line), srun=srun)
+    p = split_prefix(clean(line), SRUN if srun else "")
     return p, iso_utc(tc.epoch(p.stamp))
 
 
@@ -70,7 +70,27 @@ def test_a_line_glued_after_a_progress_bar_starts_after_the_bar():
                      "*** JOB 41994 ON node-01 CANCELLED AT 2022-04-14T14:03:49 ***")
     assert p.message.startswith("slurmstepd: error: *** JOB 41994")
     p = split_prefix("12: train:  45%|####5     | 9/20 [00:01<00:02,  5.31it/s][rank12]: "
-                     "RuntimeError: boom", srun=True)
+                     "RuntimeError: boom", SRUN)
     assert (p.rank, p.message) == (12, "RuntimeError: boom")
     # A line that only looks a little like a bar is left alone.
     assert split_prefix("accuracy 45%| best so far").message == "accuracy 45%| best so far"
+
+
+def test_pdsh_tags_each_line_with_its_host():
+    # DeepSpeed's multi-node launcher runs pdsh, which prints "<host>: <line>".
+    lines = ["[2023-06-01 10:00:00,000] [INFO] [runner.py:550] cmd = pdsh -S -f 1024 -w "
+             "node-01,node-02 export NCCL_DEBUG=WARN; cd /work; python train.py",
+             "node-01:     ret = input.softmax(dim, dtype=dtype)",
+             "node-02: [rank4]: step 10",
+             "node-01: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB"]
+    assert tagging(lines) == HOST
+    p = split_prefix(lines[3], HOST)
+    assert (p.tagged_host, p.message) == ("node-01", "torch.cuda.OutOfMemoryError: CUDA out of "
+                                                     "memory. Tried to allocate 896.00 MiB")
+    assert split_prefix(lines[2], HOST).rank == 4
+    # A program's own "Name: text" lines are no host tags: a host name has a digit.
+    plain = ["Traceback (most recent call last):", "RuntimeError: boom", "ValueError: x",
+             "Warning: y", "INFO: z"]
+    assert tagging(plain) == ""
+    assert split_prefix("RuntimeError: boom").tagged_host is None
+    assert tagging(["0: a", "1: b", "2: c"]) == SRUN

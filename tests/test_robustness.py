@@ -13,7 +13,7 @@ from helpers import CASES
 from sattrib.analysis import analyze_folder
 from sattrib.collectors import ibstat, nvidia_smi, slurm_state, spool
 from sattrib.engine import hostlist, xid
-from sattrib.engine.lineparse import TimeContext, clean, parse_stamp_text, split_prefix
+from sattrib.engine.lineparse import SRUN, TimeContext, clean, parse_stamp_text, split_prefix
 
 FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 text = st.text(alphabet=st.characters(codec="utf-8"), max_size=600) | st.sampled_from([
@@ -26,7 +26,7 @@ text = st.text(alphabet=st.characters(codec="utf-8"), max_size=600) | st.sampled
 @FUZZ
 @given(text)
 def test_line_parsing_never_raises(s):
-    p = split_prefix(clean(s), srun=True)
+    p = split_prefix(clean(s), tags=SRUN)
     assert isinstance(p.message, str)
     TimeContext(1775988600.0).epoch(p.stamp)
     parse_stamp_text(s)
