@@ -225,6 +225,21 @@ def _gz_chunks(fd: int, cap: int, chunk: int, res: ScanResult) -> Iterator[bytes
         res.scanned = total
 
 
+# A launcher's label that opens a line ("[1,1]<stderr>:", srun's "0: ", pdsh's "node-01: ",
+# torchrun's "[default0]:"), printed before whatever the program drew with CRs after it.
+_LABEL = re.compile(rb"(?: {0,6}\d{1,7}: ?|\[\d{1,7},\d{1,7}\]<(?:stdout|stderr|stddiag)>: ?|"
+                    rb"\[(?:default|trainer|worker|local_rank|localrank)\d{1,5}(?:\|\d{1,5})?\]: ?|"
+                    rb"[A-Za-z0-9][\w.-]{0,63}: ?)[ \t]*")
+
+
+def _label(buf, ls: int, cs: int) -> bytes:
+    """The label of a line whose hit lies after a CR: its first CR-separated part, when that is
+    only a launcher's label, so the part keeps the task or host the whole line belongs to."""
+    first = buf.find(b"\r", ls, cs + 1)
+    head = bytes(buf[ls:first])
+    return head if len(head) <= 80 and _LABEL.fullmatch(head) else b""
+
+
 class EveryLine:
     """The reference path's stand-in for the literal prefilter: every line (each CR-separated
     part of one) is a hit of literal 0, so every rule runs on every line. Slow; it defines the
@@ -386,12 +401,16 @@ class _Scanner:
             le = buf.find(b"\n", p)
             le = len(buf) if le < 0 else le
             # The segment: this line, or the CR-separated part of it, cut to segment_max.
-            ss = max(ls, p - lim.segment_max // 2, buf.rfind(b"\r", ls, p) + 1)
+            cs = buf.rfind(b"\r", ls, p)
+            ss = max(ls, p - lim.segment_max // 2, cs + 1)
             se = min(le, p + lim.segment_max // 2)
             cr = buf.find(b"\r", p, se)
             if cr >= 0:
                 se = cr
-            cur = RawHit(offset=base + ss, line=None, data=buf[ss:se],
+            data = buf[ss:se]
+            if cs >= ls:
+                data = _label(buf, ls, cs) + data
+            cur = RawHit(offset=base + ss, line=None, data=data,
                          lits=set(self.lit_rules[lit]), next_from=min(le + 1, len(buf)))
             new_hits.append(cur)
         kept = []

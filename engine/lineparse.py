@@ -35,6 +35,9 @@ _MPI_TAG = re.compile(r"^(?:" + _ISO.replace("(?P<", "(?P<m_") + r": )?\[\d{1,7}
 # "[trainer3]:" / "[trainer0|0]:", Ray's "(pid=4242, ip=10.0.0.1) " / "(Worker pid=4242) ".
 _WORKER_TAG = re.compile(r"^\[(?:default|trainer|worker|local_rank|localrank)\d{1,5}(?:\|\d{1,5})?\]: ?")
 _RAY_TAG = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+(?:, ip=(?P<rip>[\w.:-]+))?\) ")
+# The labels above as a line opens with them, before any progress bar a program drew.
+_LABEL = re.compile(r"^(?:\[\d{1,7},\d{1,7}\]<(?:stdout|stderr|stddiag)>:|\[(?:default|trainer|"
+                    r"worker|local_rank|localrank)\d{1,5}(?:\|\d{1,5})?\]:|\[rank\d{1,7}\]:)")
 _SYSLOG_TS = (r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(?P<sd>\d{1,2}) "
               r"(?P<sh>\d\d):(?P<smi>\d\d):(?P<ss>\d\d)(?:\.(?P<sfrac>\d{1,9}))?")
 _IDENT = r" (?P<host>[^\s:\[\]]+) (?P<ident>[^\s:\[\]]+)(?:\[(?P<pid>\d+)\])?: "
@@ -176,18 +179,22 @@ def tagging(lines: list[str]) -> str:
 def split_prefix(raw: str, tags: str = "") -> Parsed:
     """Peel log-path prefixes off one line (already cleaned) and say what they carried. `tags`
     is the file's tagging: the task number of `srun -l` or the host of pdsh opens the line."""
-    line = _after_bars(raw)
+    line = raw
     rank = host = None
     if tags == SRUN:
         m = _SRUN.match(line)
         if m:
             rank = int(m.group(1))
-            line = _after_bars(line[m.end():])
+            line = line[m.end():]
     elif tags == HOST:
         m = _HOST_TAG.match(line)
         if m:
             host = m.group("host")
-            line = _after_bars(line[m.end():])
+            line = line[m.end():]
+    if not _LABEL.match(line):
+        # A progress bar glued before the line; a launcher's label stays before the bar (the
+        # label is printed first, whatever the program then draws), and is peeled below.
+        line = _after_bars(line)
     p = Parsed(message=line, rank=rank, tagged_host=host)
     if "kernel: " in line[:72] and (m := _BARE_KERNEL.match(line)):
         p.host, p.ident = m.group("host"), "kernel"

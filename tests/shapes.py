@@ -27,6 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
+from sattrib.engine.lineparse import HOST, tagging
+
 ANSWER_FILES = {"expected.json", "source.md", "README.md", "INDEX.md"}
 RESERVED = {"slurm", "logs"}
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
@@ -463,6 +465,7 @@ def _write_kernel(log: KernelLog, shape: str, rel: str) -> str:
 _SRUN = re.compile(r"^ {0,6}(\d{1,7}): ")
 _MPI = re.compile(r"^\[\d{1,7},(\d{1,7})\]<(?:stdout|stderr|stddiag)>: ?")
 _DEFAULT = re.compile(r"^\[default(\d{1,5})\]: ?")
+_HOST = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}: ")       # pdsh: a host, not a rank
 _TORCH_RANK = re.compile(r"^\[rank(\d{1,7})\]: ?")
 LAUNCHERS = ("srun", "mpi", "torchrun", "torch-rank", "none")
 _OWN = {"srun": _SRUN, "mpi": _MPI, "torchrun": _DEFAULT}
@@ -581,7 +584,7 @@ def progress_shape(case: Case, focus: set) -> Optional[Variant]:
     want = {(p, n) for p, n in focus if p in jobs}
     for rel in jobs:
         lines = text(case.files[rel]).split("\n")
-        outer = _outer(lines)
+        outer = _outer(lines) or (_HOST if tagging(lines) == HOST else None)
         targets = {n - 1 for p, n in want if p == rel}
         if not want:
             filled = [i for i, ln in enumerate(lines) if ln.strip()]

@@ -376,6 +376,18 @@ def test_cr_delimits_segment_in_tqdm_line(tmp_path, pf_default):
     assert_offsets_consistent(data, res)
 
 
+@pytest.mark.parametrize("label", [b"[1,3]<stderr>:", b" 3: ", b"node-07: ", b"[default3]:"])
+def test_a_launchers_label_stays_with_the_part_after_a_cr(tmp_path, pf_default, label):
+    """Open MPI, srun, pdsh and torchrun label the whole line before the bar the program drew;
+    the part after the bar is still that task's or host's."""
+    data = b"before\n" + label + b"\r 42%|####| 105/250 [00:31<00:43]RuntimeError NEEDLE\n"
+    (h,) = scan_bytes(tmp_path, data, pf_default).hits
+    assert h.data == label + b" 42%|####| 105/250 [00:31<00:43]RuntimeError NEEDLE"
+    text = b"x\r 42%|####| 1/2 [00:01<00:01]RuntimeError NEEDLE"      # a program's own text
+    (h,) = scan_bytes(tmp_path, text, pf_default).hits
+    assert h.data == b" 42%|####| 1/2 [00:01<00:01]RuntimeError NEEDLE"
+
+
 def test_crlf_lines_hit_text_without_cr(tmp_path, pf_default):
     data = b"a\r\nb NEEDLE c\r\nd\r\ne caseless f\r\n"
     res = scan_bytes(tmp_path, data, pf_default)

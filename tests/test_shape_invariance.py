@@ -25,10 +25,7 @@ from test_real_cases import verdict
 # The (case, shape) pairs whose diagnosis changes today, each with the mechanism that changes
 # it. They run as strict xfails: when a mechanism is fixed its pairs pass, fail the run, and are
 # removed from here.
-BAR_LABEL = "a launcher's label before a progress bar's \\r is dropped with the bar"
-XFAIL: dict[tuple[str, str], str] = {
-    ("real/r2a-horovod-mpirun-dataloader-bus-error-shm", "progress-bar"): BAR_LABEL,
-}
+XFAIL: dict[tuple[str, str], str] = {}
 
 CORPORA = (("real", ROOT / "tests" / "cases-real"),
            ("shared-real", ROOT.parent / "shared" / "cases-real"),
