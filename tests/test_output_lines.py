@@ -305,9 +305,14 @@ def test_header_values_are_bounded(rules, tmp_path):
     path = _lines_file(tmp_path / "job", rules)
     head, rest = path.read_text().split("\n", 1)
     header = json.loads(head)
-    header.update(notes=["n" * 5000] * 500 + [7], size="big", cut=-3, srun="yes",
+    header.update(notes=["n" * 5000] * 500 + [7], size="big", cut=-3, tags="yes",
                   stamps=["s" * 99999] * 80)
     rep = output_lines.parse((json.dumps(header) + "\n" + rest).encode())
     assert len(rep.notes) == output_lines.MAX_LIST and {len(n) for n in rep.notes} == {1000}
-    assert (rep.header["size"], rep.header["cut"], rep.header["srun"]) == (0, 0, False)
+    assert (rep.header["size"], rep.header["cut"], rep.header["tags"]) == (0, 0, "")
     assert len(rep.header["stamps"]) == 50 and {len(s) for s in rep.header["stamps"]} == {16384}
+    # A node of the release before says only whether srun's task numbers tag the lines.
+    del header["tags"]
+    header["srun"] = True
+    rep = output_lines.parse((json.dumps(header) + "\n" + rest).encode())
+    assert rep.header["tags"] == "srun"
