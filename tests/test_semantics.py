@@ -357,3 +357,11 @@ def test_a_c_programs_errno_and_strerror_name_the_filesystem(tmp_path, rules):
         "Abort(-1) on node 727 (rank 727 in comm 0): application called "
         "MPI_Abort(MPI_COMM_WORLD, -1) - process 727\n")}, rules)
     assert cause(d) == ("attributed", "storage_io", None)
+
+
+def test_horovod_built_for_another_framework_version_is_the_jobs_software(tmp_path, rules):
+    d = run(tmp_path, {"logs/mpirun.out": (
+        "[1,1]<stderr>:horovod.common.exceptions.HorovodVersionMismatchError: Framework "
+        "tensorflow installed with version 2.3.0 but found version 2.4.1.\n")}, rules)
+    assert cause(d)[:2] == ("attributed", "software_incompat")
+    assert d.root_cause.blame.value == "workload"
