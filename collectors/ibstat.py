@@ -1,7 +1,9 @@
 """InfiniBand / RoCE port state -> fact lines.
 
-Reads `ibstat` text and the flattened sysfs form sattrib's node snapshot writes (`take`:
-`mlx5_0/ports/1/state<TAB>4: ACTIVE`, one file per line). Each port becomes one fact,
+Reads `ibstat` text, iproute2's `rdma link` (`link mlx5_7/1 ... state DOWN physical_state
+POLLING`, one reading per line: a port polled over time shows its flaps) and the flattened
+sysfs form sattrib's node snapshot writes (`take`: `mlx5_0/ports/1/state<TAB>4: ACTIVE`, one
+file per line). Each port becomes one fact,
 `ib hca=mlx5_3 port=1 state=Down phys=Polling layer=Ethernet`, tied to the line of its state;
 error counters become `ib hca=mlx5_3 port=1 counter.link_downed=2`.
 """
@@ -20,6 +22,8 @@ NAME = "ibstat.txt"
 _CA = re.compile(r"^CA '([^']+)'")
 _PORT = re.compile(r"^\s+Port (\d+):")
 _KV = re.compile(r"^\s+([A-Za-z ]+):\s*(.*?)\s*$")
+_RDMA = re.compile(r"^link (?P<hca>[\w.-]+)/(?P<port>\d+) .*?\bstate (?P<state>[A-Z_]+) "
+                   r"physical_state (?P<phys>[A-Z_]+)")
 _SYSFS = re.compile(r"^([\w.-]+)/ports/(\d+)/(state|phys_state|link_layer|rate|counters/\w+)\t(.*)$")
 _COUNTERS = {"link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors",
              "local_link_integrity_errors", "port_rcv_remote_physical_errors",
@@ -28,7 +32,8 @@ _COUNTERS = {"link_downed", "link_error_recovery", "symbol_error", "port_rcv_err
 
 def sniff(text: str) -> bool:
     return bool(re.search(r"^CA '[^']+'", text, re.M) and "Port " in text) or \
-        bool(re.search(r"^[\w.-]+/ports/\d+/(state|phys_state)\t", text, re.M))
+        bool(re.search(r"^[\w.-]+/ports/\d+/(state|phys_state)\t", text, re.M)) or \
+        bool(_RDMA.search(text.split("\n", 1)[0]))
 
 
 def _fact(hca, port, f):
@@ -66,6 +71,12 @@ def facts(text: str) -> Iterator[tuple[int, str, str]]:
             elif k.startswith("counters/") and k[9:] in _COUNTERS and v.strip().isdigit() \
                     and int(v) > 0:
                 yield n, line, f"ib hca={h} port={p} counter.{k[9:]}={int(v)}"
+            continue
+        m = _RDMA.match(line)
+        if m:
+            phys = "".join(w.capitalize() for w in m["phys"].split("_"))     # ibstat's words
+            yield n, line, _fact(m["hca"], m["port"], {"state": m["state"].capitalize(),
+                                                       "phys": phys})
             continue
         m = _CA.match(line)
         if m:

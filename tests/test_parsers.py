@@ -84,6 +84,20 @@ def test_ibstat_all_active_and_sysfs():
         assert states and all("state=Active" in f for f in states), name
 
 
+def test_rdma_link_readings_are_port_states_one_per_reading():
+    """iproute2's `rdma link`, polled while a port flapped: each reading is a state, in
+    ibstat's words."""
+    text = ("link mlx5_7/1 subnet_prefix fe80:0000:0000:0000 lid 3403 sm_lid 1 lmc 0 state DOWN "
+            "physical_state POLLING\n"
+            "link mlx5_7/1 subnet_prefix fe80:0000:0000:0000 lid 3403 sm_lid 1 lmc 0 state ACTIVE "
+            "physical_state LINK_UP netdev ib7\n")
+    assert ibstat.sniff(text)
+    assert [(n, f) for n, _, f in ibstat.facts(text)] == [
+        (1, "ib hca=mlx5_7 port=1 state=Down phys=Polling"),
+        (2, "ib hca=mlx5_7 port=1 state=Active phys=LinkUp")]
+    assert not ibstat.sniff("link is up\nstate DOWN physical_state POLLING\n")
+
+
 def test_scontrol_show_job_d():
     jobs = slurm_state.parse_scontrol((DATA / "scontrol-show-job-d.8node-64gpu.running.txt").read_text())
     assert len(jobs) == 1
