@@ -150,7 +150,8 @@ def slurm_cancel(ev: Event, tc: TimeContext) -> None:
     user's scancel and for srun (or the memory enforcement) killing the step after a failure:
     the banner alone is then only a cause of last resort, and a user's cancel only when the
     scheduler's record says who cancelled (see `cancel_record`)."""
-    reason = (ev.caps.get("reason") or "").upper()
+    # 14.11 to 15.08 named the failed node inside the reason: "DUE TO NODE gn07 FAILURE".
+    reason = (ev.caps.get("reason") or ("NODE FAILURE" if ev.caps.get("failnode") else "")).upper()
     for key, (cat, role) in _CANCEL.items():
         if reason.startswith(key):
             ev.category, ev.role = cat, role

@@ -365,3 +365,24 @@ def test_horovod_built_for_another_framework_version_is_the_jobs_software(tmp_pa
         "tensorflow installed with version 2.3.0 but found version 2.4.1.\n")}, rules)
     assert cause(d)[:2] == ("attributed", "software_incompat")
     assert d.root_cause.blame.value == "workload"
+
+
+@pytest.mark.parametrize("banner", [
+    "slurmstepd: error: *** JOB 830329 ON node-01 CANCELLED AT 2018-08-06T17:21:44 DUE TO TIME "
+    "LIMIT ***",
+    "slurmstepd: *** JOB 830329 CANCELLED AT 2018-08-06T17:21:44 DUE TO TIME LIMIT on node-01 ***",
+    "slurmstepd: error: *** JOB 830329 CANCELLED AT 2018-08-06T17:21:44 DUE TO TIME LIMIT ***",
+], ids=["since-15.08.13", "14.11-15.08", "2.0-14.03"])
+def test_every_release_of_slurms_time_limit_banner_is_the_time_limit(tmp_path, rules, banner):
+    d = run(tmp_path, {"logs/job.err": banner + "\n"}, rules)
+    assert cause(d)[:2] == ("attributed", "scheduler_timelimit")
+
+
+@pytest.mark.parametrize("line", [
+    "slurmstepd: error: Detected 2 oom-kill event(s) in step 3756240.batch cgroup.",
+    "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=4242.0 cgroup. Some of your "
+    "processes may have been killed by the cgroup out-of-memory handler.",
+])
+def test_slurms_cgroup_oom_kill_count_is_host_memory_in_every_release(tmp_path, rules, line):
+    d = run(tmp_path, {"logs/job.err": line + "\n"}, rules)
+    assert cause(d)[:2] == ("attributed", "host_oom")
