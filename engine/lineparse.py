@@ -2,9 +2,9 @@
 
 Pure functions over one line. `split_prefix` peels the prefixes that log paths add (srun -l,
 pdsh's host tags, syslog / ISO / dmesg / kmsg, torch's `[rankN]:`) and reports what they said;
-rules then match
-the remaining message. Timestamps come back as naive parts plus a resolution; turning a
-year-less `Mon DD HH:MM:SS` into an instant needs a reference time, which `TimeContext` holds.
+rules then match the remaining message. Timestamps come back as naive parts plus a resolution;
+turning a year-less `Mon DD HH:MM:SS` into an instant needs a reference time, which
+`TimeContext` holds.
 """
 from __future__ import annotations
 
